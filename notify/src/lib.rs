@@ -1,1 +1,38 @@
+//! The only crate that touches the seccomp user-notify API and the target's memory.
+//!
+//! Contract (signatures are relied upon by `policies` and `supervisor`; extend, do not break):
+//! - [`filter`]: a [`FilterSpec`] (data) is compiled in the parent into a BPF program
+//!   ([`CompiledFilter`]); the child installs it just before `execve` and gets the listener fd.
+//! - [`Listener`]: receive notifications, answer them, inject fds, check ids.
+//! - [`mem`]: read paths from / write bytes to the target's memory, re-checking the id.
+//! - [`path`]: resolve dirfd/cwd-relative paths as the target sees them.
 
+pub mod filter;
+pub mod listener;
+pub mod mem;
+pub mod path;
+
+pub use filter::{Action, ArgCmp, CmpOp, CompiledFilter, FilterSpec, SyscallRule};
+pub use listener::{Listener, Notification, Response};
+
+/// Errors at the crate boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    #[error("unknown syscall name `{name}`")]
+    UnknownSyscall { name: String },
+    #[error("building the seccomp filter failed: {context}")]
+    Build {
+        context: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    #[error("seccomp ioctl {op} failed")]
+    Ioctl {
+        op: &'static str,
+        #[source]
+        source: nix::Error,
+    },
+    /// The notification is no longer valid: the target died or the call was interrupted.
+    #[error("notification {id} is no longer valid")]
+    Gone { id: u64 },
+}
