@@ -14,6 +14,7 @@ pub mod path;
 
 pub use filter::{Action, ArgCmp, CmpOp, CompiledFilter, FilterSpec, SyscallRule};
 pub use listener::{Listener, Notification, Response};
+pub use mem::TargetMem;
 
 /// Errors at the crate boundary.
 #[derive(Debug, thiserror::Error)]
@@ -35,4 +36,23 @@ pub enum NotifyError {
     /// The notification is no longer valid: the target died or the call was interrupted.
     #[error("notification {id} is no longer valid")]
     Gone { id: u64 },
+    /// No task uses the filter any more (every target exited and was reaped): the listener
+    /// fd reports POLLHUP and will never deliver another notification.
+    #[error("no target uses the seccomp filter any more")]
+    NoTargets,
+    /// Taking a file descriptor from another process (pidfd_open/pidfd_getfd) failed.
+    #[error("taking fd {fd} from pid {pid} failed")]
+    TakeFd {
+        pid: i32,
+        fd: i32,
+        #[source]
+        source: nix::Error,
+    },
+}
+
+impl NotifyError {
+    /// True when the error only means "the target went away": callers treat it as normal.
+    pub fn is_gone(&self) -> bool {
+        matches!(self, NotifyError::Gone { .. } | NotifyError::NoTargets)
+    }
 }
