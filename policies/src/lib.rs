@@ -1,1 +1,97 @@
+//! σOS syscall profiles and path rules, kept as data files, validated on load and compiled into
+//! a [`notify::FilterSpec`].
+//!
+//! - [`load`] picks a builtin profile by name (`sigmaos`, `permissive`) or reads a TOML file.
+//! - [`Profile::filter_spec`] is what the supervisor compiles and installs in the child.
+//! - [`Profile::notification_kind`] tells the supervisor whether a notification is a path decision
+//!   ([`Profile::decide`]) or a default-denied call to answer with [`Profile::denied_errno`] and log.
+//!
+//! The file format is described in `policies/README.md`.
 #![forbid(unsafe_code)]
+
+pub mod errno;
+mod paths;
+mod profile;
+
+pub use paths::{PathAction, PathDecision, PathRule};
+pub use profile::{
+    parse_serve_arg, DefaultAction, NotificationKind, Origin, Profile, SyscallAction, SyscallEntry,
+};
+
+use std::path::Path;
+
+/// The profile used when none is given.
+pub const DEFAULT_PROFILE: &str = "sigmaos";
+
+/// Builtin profiles: (name, file name shown in errors, contents).
+const BUILTINS: &[(&str, &str, &str)] = &[
+    (
+        "sigmaos",
+        "policies/profiles/sigmaos.toml",
+        include_str!("../profiles/sigmaos.toml"),
+    ),
+    (
+        "permissive",
+        "policies/profiles/permissive.toml",
+        include_str!("../profiles/permissive.toml"),
+    ),
+];
+
+/// Names of the builtin profiles.
+pub fn builtin_names() -> impl Iterator<Item = &'static str> {
+    BUILTINS.iter().map(|(n, _, _)| *n)
+}
+
+/// Errors at the crate boundary. Each displays as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The profile text is wrong: `<file>:<line>: <what is wrong>`.
+    #[error("{file}:{line}: {message}")]
+    Invalid {
+        file: String,
+        line: usize,
+        message: String,
+    },
+    /// Neither a builtin name nor an existing file.
+    #[error("profile `{name}` is neither a builtin ({builtins}) nor an existing file")]
+    UnknownProfile { name: String, builtins: String },
+    #[error("{file}: cannot read profile")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A `--serve PREFIX=DIR` argument is wrong.
+    #[error("--serve {arg}: {message}")]
+    Serve { arg: String, message: String },
+}
+
+/// Load a profile: a builtin name wins, else `name_or_path` is read as a TOML file.
+pub fn load(name_or_path: &str) -> Result<Profile, PolicyError> {
+    if let Some(p) = builtin(name_or_path) {
+        return p;
+    }
+    let path = Path::new(name_or_path);
+    match std::fs::read_to_string(path) {
+        Ok(src) => Profile::parse(&src, name_or_path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(PolicyError::UnknownProfile {
+            name: name_or_path.to_owned(),
+            builtins: builtin_names().collect::<Vec<_>>().join(", "),
+        }),
+        Err(source) => Err(PolicyError::Read {
+            file: name_or_path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// A builtin profile by name, `None` if there is no such builtin.
+pub fn builtin(name: &str) -> Option<Result<Profile, PolicyError>> {
+    BUILTINS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, file, src)| Profile::parse(src, file))
+}
+
+#[cfg(test)]
+mod tests;
