@@ -1,9 +1,623 @@
 use super::*;
+use notify::{Action, CmpOp};
+use std::path::{Path, PathBuf};
+
+/// Table 3.1 of the σPy thesis ("Allowed System Calls in proc Execution Environment"), in the
+/// table's order.
+const TABLE_3_1: [&str; 73] = [
+    "readlink",
+    "readv",
+    "getcwd",
+    "uname",
+    "gettid",
+    "stat", //
+    "tgkill",
+    "write",
+    "writev", //
+    "sync",
+    "timer_create",
+    "timer_delete",
+    "timer_settime", //
+    "setsockopt",
+    "set_robust_list",
+    "set_tid_address",
+    "sigaltstack", //
+    "sched_yield",
+    "sendto",
+    "sendmsg",
+    "setitimer", //
+    "rt_sigaction",
+    "rt_sigprocmask",
+    "rt_sigreturn",
+    "sched_getaffinity", //
+    "readlinkat",
+    "recvfrom",
+    "recvmsg",
+    "restart_syscall", //
+    "pipe2",
+    "pread64",
+    "prlimit64",
+    "read", //
+    "nanosleep",
+    "newfstatat",
+    "openat",
+    "open", //
+    "mmap",
+    "mremap",
+    "mprotect",
+    "munmap", //
+    "getsockopt",
+    "lseek",
+    "madvise",
+    "mkdirat", //
+    "getpid",
+    "getrandom",
+    "getrlimit",
+    "getsockname", //
+    "fsync",
+    "futex",
+    "getdents64",
+    "getpeername", //
+    "exit",
+    "exit_group",
+    "fcntl",
+    "fstat", //
+    "epoll_ctl_old",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "execve", //
+    "brk",
+    "close",
+    "epoll_create1",
+    "epoll_ctl", //
+    "membarrier",
+    "accept4",
+    "access",
+    "arch_prctl", //
+    "ioctl",
+    "poll",
+    "lstat",
+    "clock_gettime", //
+];
+
+const PATH_CALLS: [&str; 14] = [
+    "open",
+    "openat",
+    "stat",
+    "lstat",
+    "newfstatat",
+    "access",
+    "readlink",
+    "readlinkat",
+    "execve",
+    "mkdirat",
+    "statx",
+    "faccessat2",
+    "openat2",
+    "execveat",
+];
+
+fn sigmaos() -> Profile {
+    load("sigmaos").unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn entry<'a>(p: &'a Profile, name: &str) -> &'a SyscallEntry {
+    p.syscalls()
+        .iter()
+        .find(|e| e.name == name)
+        .unwrap_or_else(|| panic!("no entry for {name}"))
+}
 
 #[test]
-fn builtins_load() {
-    for name in builtin_names() {
+fn builtins_load_and_compile() {
+    let names: Vec<_> = builtin_names().collect();
+    assert_eq!(names, ["sigmaos", "permissive"]);
+    for name in names {
         let p = load(name).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.name(), name);
+        let spec = p.filter_spec();
+        let compiled = spec
+            .compile()
+            .unwrap_or_else(|e| panic!("{name} does not compile: {e}"));
+        assert!(!compiled.instructions().is_empty());
     }
+    assert_eq!(DEFAULT_PROFILE, "sigmaos");
+}
+
+#[test]
+fn sigmaos_contains_all_of_table_3_1_and_nothing_else_claims_it() {
+    let mut unique = TABLE_3_1.to_vec();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), 73, "the paper's table has 73 distinct names");
+
+    let p = sigmaos();
+    for name in TABLE_3_1 {
+        let e = entry(&p, name);
+        assert_eq!(e.origin, Some(Origin::Table31), "{name}");
+        assert!(
+            matches!(e.action, SyscallAction::Allow | SyscallAction::Notify),
+            "{name} from Table 3.1 is {:?}",
+            e.action
+        );
+        assert!(e.when.is_empty(), "{name} is conditional");
+    }
+    let marked: Vec<_> = p
+        .syscalls()
+        .iter()
+        .filter(|e| e.origin == Some(Origin::Table31))
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(marked.len(), 73);
+    for name in marked {
+        assert!(TABLE_3_1.contains(&name), "{name} marked table-3.1");
+    }
+    // Every entry says where it comes from.
+    assert!(p.syscalls().iter().all(|e| e.origin.is_some()));
+}
+
+#[test]
+fn sigmaos_filter_spec_allows_or_notifies_table_3_1() {
+    let p = sigmaos();
+    let spec = p.filter_spec();
+    assert_eq!(
+        spec.default,
+        Action::Notify,
+        "log = true: denied calls go to the supervisor"
+    );
+    assert_eq!(p.denied_errno(), Some(libc::EPERM));
+    assert!(p.logs_denied());
+    let notified = p.notified_syscalls();
+    for name in TABLE_3_1 {
+        let rule = spec.rules.iter().find(|r| r.name == name);
+        match rule {
+            Some(r) => assert_eq!(r.action, Action::Allow, "{name}"),
+            // Notify equals the kernel default, so the rule is left out; the profile still
+            // classifies it as a path call.
+            None => assert!(notified.contains(&name.to_string()), "{name} missing"),
+        }
+    }
+    let mut n = notified.clone();
+    n.sort();
+    let mut want: Vec<String> = PATH_CALLS.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(n, want);
+    // With log off the kernel default is EPERM and the notify rules are explicit.
+    let mut quiet = p.clone();
+    quiet.set_logs_denied(false);
+    let spec = quiet.filter_spec();
+    assert_eq!(spec.default, Action::Errno(libc::EPERM));
+    for name in PATH_CALLS {
+        let r = spec.rules.iter().find(|r| r.name == name).unwrap();
+        assert_eq!(r.action, Action::Notify, "{name}");
+    }
+}
+
+#[test]
+fn sigmaos_additions_for_glibc_cpython() {
+    let p = sigmaos();
+    let clone = entry(&p, "clone");
+    assert_eq!(clone.action, SyscallAction::Allow);
+    assert_eq!(clone.origin, Some(Origin::Addition));
+    let ns = libc::CLONE_NEWNS
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUSER
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWCGROUP;
+    assert_eq!(
+        clone.when,
+        [notify::ArgCmp {
+            arg: 0,
+            op: CmpOp::MaskedEq(ns as u64),
+            value: 0
+        }]
+    );
+    assert_eq!(
+        entry(&p, "clone3").action,
+        SyscallAction::Errno(libc::ENOSYS)
+    );
+    assert_eq!(entry(&p, "rseq").action, SyscallAction::Errno(libc::ENOSYS));
+    for name in [
+        "vfork",
+        "wait4",
+        "dup",
+        "dup2",
+        "dup3",
+        "close_range",
+        "getuid",
+        "geteuid",
+        "getgid",
+        "getegid",
+        "sysinfo",
+    ] {
+        let e = entry(&p, name);
+        assert_eq!(e.action, SyscallAction::Allow, "{name}");
+        assert_eq!(e.origin, Some(Origin::Addition), "{name}");
+        assert!(!TABLE_3_1.contains(&name));
+    }
+    assert_eq!(entry(&p, "execveat").action, SyscallAction::Notify);
+}
+
+#[test]
+fn permissive_allows_by_default_and_notifies_path_calls() {
+    let p = load("permissive").unwrap();
+    let spec = p.filter_spec();
+    assert_eq!(spec.default, Action::Allow);
+    assert_eq!(p.denied_errno(), None);
+    assert!(!p.logs_denied());
+    let mut n: Vec<_> = spec.rules.iter().map(|r| r.name.as_str()).collect();
+    n.sort_unstable();
+    let mut want = PATH_CALLS.to_vec();
+    want.sort_unstable();
+    assert_eq!(n, want);
+    assert!(spec.rules.iter().all(|r| r.action == Action::Notify));
+}
+
+#[test]
+fn notification_kind_separates_path_calls_from_denied() {
+    let p = sigmaos();
+    let nr = |n: &str| i32::from(libseccomp::ScmpSyscall::from_name(n).unwrap());
+    assert_eq!(
+        p.notification_kind(nr("openat")),
+        Some(NotificationKind::Path)
+    );
+    assert_eq!(
+        p.notification_kind(nr("execveat")),
+        Some(NotificationKind::Path)
+    );
+    assert_eq!(
+        p.notification_kind(nr("socket")),
+        Some(NotificationKind::Denied { errno: libc::EPERM })
+    );
+    // clone with namespace flags fails its condition and reaches the default.
+    assert_eq!(
+        p.notification_kind(nr("clone")),
+        Some(NotificationKind::Denied { errno: libc::EPERM })
+    );
+    assert!(p.notified_syscall_nrs().contains(&nr("newfstatat")));
+    let permissive = load("permissive").unwrap();
+    assert_eq!(permissive.notification_kind(nr("socket")), None);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Rejections: each names the file and the line.
+// ------------------------------------------------------------------------------------------------
+
+const HEAD: &str = "name = \"t\"\n\
+[default]\n\
+action = \"errno\"\n\
+errno = \"EPERM\"\n\
+log = true\n\
+reason = \"deny the rest\"\n\
+\n\
+[[syscall]]\n\
+name = \"getpid\"\n\
+action = \"allow\"\n\
+reason = \"own pid\"\n";
+
+/// Parse `src`; expect an error on the line containing `marker` (1-based), mentioning `what`.
+fn rejects(src: &str, marker: &str, what: &str) {
+    let line = 1 + src
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("marker {marker:?} not in source"));
+    let err = Profile::parse(src, "dir/t.toml").expect_err(&format!("accepted:\n{src}"));
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!("dir/t.toml:{line}: ")),
+        "wanted line {line}, got: {msg}"
+    );
+    assert!(msg.contains(what), "wanted {what:?} in: {msg}");
+    assert!(!msg.contains('\n'), "not one line: {msg}");
+}
+
+#[test]
+fn head_alone_is_valid() {
+    let p = Profile::parse(HEAD, "t.toml").unwrap();
+    assert_eq!(p.syscalls().len(), 1);
+    assert_eq!(p.syscalls()[0].line, 9);
+    assert_eq!(p.source(), "t.toml");
+}
+
+#[test]
+fn rejects_unknown_syscall_name() {
+    let src =
+        format!("{HEAD}\n[[syscall]]\nname = \"getpidd\"\naction = \"allow\"\nreason = \"x\"\n");
+    rejects(&src, "getpidd", "unknown syscall `getpidd`");
+}
+
+#[test]
+fn rejects_syscall_of_another_architecture() {
+    // socketcall exists on i386 but not on x86_64.
+    let src =
+        format!("{HEAD}\n[[syscall]]\nname = \"socketcall\"\naction = \"allow\"\nreason = \"x\"\n");
+    rejects(&src, "socketcall", "not a syscall on this architecture");
+}
+
+#[test]
+fn rejects_unknown_keys_everywhere() {
+    let s = format!("{HEAD}\n[[syscall]]\nname = \"brk\"\naction = \"allow\"\nreason = \"x\"\nreasn = \"typo\"\n");
+    rejects(&s, "reasn", "unknown field `reasn`");
+    let s = HEAD.replace("log = true", "log = true\nlogg = true");
+    rejects(&s, "logg", "unknown field `logg`");
+    let s = format!("colour = \"red\"\n{HEAD}");
+    rejects(&s, "colour", "unknown field `colour`");
+    let s = format!(
+        "{HEAD}\n[[path]]\nprefix = \"/x\"\naction = \"continue\"\nreason = \"x\"\ndri = \"/y\"\n"
+    );
+    rejects(&s, "dri", "unknown field `dri`");
+    let s = format!(
+        "{HEAD}\n[[syscall]]\nname = \"brk\"\naction = \"allow\"\nreason = \"x\"\n\
+         when = [{{ arg = 0, op = \"eq\", value = 1, msak = 2 }}]\n"
+    );
+    rejects(&s, "msak", "unknown field `msak`");
+}
+
+#[test]
+fn rejects_missing_or_empty_reason() {
+    let s = format!("{HEAD}\n[[syscall]] # here\nname = \"brk\"\naction = \"allow\"\n");
+    rejects(&s, "# here", "missing `reason`");
+    let s = format!("{HEAD}\n[[syscall]]\nname = \"brk\"\naction = \"allow\"\nreason = \"  \"\n");
+    rejects(&s, "reason = \"  \"", "`reason` is empty");
+    let s = format!("{HEAD}\n[[path]] # here\nprefix = \"/x\"\naction = \"continue\"\n");
+    rejects(&s, "# here", "missing `reason`");
+    let s = HEAD.replace("reason = \"deny the rest\"\n", "");
+    rejects(&s, "[default]", "missing `reason`");
+}
+
+#[test]
+fn rejects_duplicate_syscall() {
+    let s = format!("{HEAD}\n[[syscall]]\nname = \"getpid\" # again\naction = \"errno\"\nerrno = \"EPERM\"\nreason = \"x\"\n");
+    rejects(
+        &s,
+        "# again",
+        "duplicate entry for syscall `getpid` (first at line 9)",
+    );
+}
+
+#[test]
+fn rejects_notify_on_io_calls() {
+    for name in ["read", "write", "readv", "writev", "pread64", "pwrite64"] {
+        let s = format!(
+            "{HEAD}\n[[syscall]]\nname = \"{name}\"\naction = \"notify\" # here\nreason = \"x\"\n"
+        );
+        rejects(&s, "# here", "must not be notified");
+    }
+}
+
+#[test]
+fn rejects_notify_as_default() {
+    let s = HEAD.replace(
+        "action = \"errno\"\nerrno = \"EPERM\"\nlog = true\n",
+        "action = \"notify\"\n",
+    );
+    rejects(&s, "\"notify\"", "notify cannot be the default action");
+    let s = HEAD.replace(
+        "action = \"errno\"\nerrno = \"EPERM\"\n",
+        "action = \"allow\"\n",
+    );
+    rejects(
+        &s,
+        "log = true",
+        "`log = true` only applies to action = \"errno\"",
+    );
+}
+
+#[test]
+fn errno_names_and_numbers() {
+    let s = HEAD.replace("\"EPERM\"", "\"EPREM\"");
+    rejects(&s, "EPREM", "unknown errno name `EPREM`");
+    let s = HEAD.replace("\"EPERM\"", "99999");
+    rejects(&s, "99999", "out of range");
+    let s = HEAD.replace("\"EPERM\"", "13");
+    let p = Profile::parse(&s, "t.toml").unwrap();
+    assert_eq!(p.denied_errno(), Some(libc::EACCES));
+    let s = format!("{HEAD}\n[[syscall]]\nname = \"socket\"\naction = \"errno\"\nerrno = \"EAFNOSUPPORT\"\nreason = \"x\"\n");
+    let p = Profile::parse(&s, "t.toml").unwrap();
+    assert_eq!(
+        entry(&p, "socket").action,
+        SyscallAction::Errno(libc::EAFNOSUPPORT)
+    );
+    let s = format!(
+        "{HEAD}\n[[syscall]]\nname = \"socket\"\naction = \"errno\" # here\nreason = \"x\"\n"
+    );
+    rejects(&s, "# here", "needs `errno");
+}
+
+#[test]
+fn rejects_bad_path_rules() {
+    let p = |body: &str| format!("{HEAD}\n[[path]]\n{body}\nreason = \"x\"\n");
+    rejects(
+        &p("prefix = \"etc/passwd\"\naction = \"deny\""),
+        "etc/passwd",
+        "is relative",
+    );
+    rejects(
+        &p("prefix = \"/tmp/../etc\"\naction = \"deny\""),
+        "/tmp/../etc",
+        "contains `.` or `..`",
+    );
+    rejects(
+        &p("prefix = \"/lib\"\naction = \"serve\"\ndir = \"cache/lib\""),
+        "cache/lib",
+        "serve dir `cache/lib` is relative",
+    );
+    rejects(
+        &p("prefix = \"/lib\"\naction = \"serve\" # here"),
+        "# here",
+        "needs `dir",
+    );
+    rejects(
+        &p("prefix = \"/lib\"\naction = \"continue\"\nerrno = \"EACCES\" # here"),
+        "# here",
+        "`errno` only applies to action = \"deny\"",
+    );
+    rejects(
+        &p("prefix = \"/lib\"\naction = \"allow\" # here"),
+        "# here",
+        "unknown action `allow`",
+    );
+    let dup = format!(
+        "{HEAD}\n[[path]]\nprefix = \"/x\"\naction = \"continue\"\nreason = \"x\"\n\
+         [[path]]\nprefix = \"/x/\" # again\naction = \"deny\"\nreason = \"x\"\n"
+    );
+    rejects(&dup, "# again", "duplicate path rule for `/x`");
+}
+
+#[test]
+fn rejects_bad_conditions() {
+    let s = |w: &str| {
+        format!("{HEAD}\n[[syscall]]\nname = \"clone\"\naction = \"allow\"\nreason = \"x\"\nwhen = [{w}]\n")
+    };
+    rejects(
+        &s("{ arg = 6, op = \"eq\", value = 0 }"),
+        "arg = 6",
+        "out of range",
+    );
+    rejects(
+        &s("{ arg = 0, op = \"masked_eq\", value = 0 }"),
+        "masked_eq",
+        "needs `mask`",
+    );
+    rejects(
+        &s("{ arg = 0, op = \"lt\", value = 0 }"),
+        "\"lt\"",
+        "unknown op",
+    );
+    let n = format!("{HEAD}\n[[syscall]]\nname = \"openat\"\naction = \"notify\"\nreason = \"x\"\nwhen = [{{ arg = 0, op = \"eq\", value = 0 }}]\n");
+    rejects(&n, "when", "cannot have `when`");
+}
+
+#[test]
+fn toml_syntax_error_names_line() {
+    let s = format!("{HEAD}\n[[syscall]]\nname = \"brk\nreason = \"x\"\n");
+    rejects(&s, "name = \"brk", "");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Path decisions.
+// ------------------------------------------------------------------------------------------------
+
+fn with_paths() -> Profile {
+    let src = format!(
+        "{HEAD}\n\
+[[path]]\nprefix = \"/etc/pass\"\naction = \"deny\"\nreason = \"component boundary probe\"\n\
+[[path]]\nprefix = \"/etc\"\naction = \"deny\"\nerrno = \"EROFS\"\nreason = \"x\"\n\
+[[path]]\nprefix = \"/etc/ssl\"\naction = \"continue\"\nreason = \"x\"\n\
+[[path]]\nprefix = \"/tmp/python/Lib\"\naction = \"serve\"\ndir = \"/var/cache/realm/lib\"\nreason = \"x\"\n"
+    );
+    Profile::parse(&src, "t.toml").unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn decide_matches_whole_components_longest_first() {
+    let p = with_paths();
+    let d = |s: &str| p.decide(Path::new(s));
+    // /etc/pass is not a prefix of /etc/passwd: /etc applies.
+    assert_eq!(d("/etc/passwd"), PathDecision::Deny(libc::EROFS));
+    assert_eq!(d("/etc/pass"), PathDecision::Deny(libc::EACCES));
+    assert_eq!(d("/etc/pass/x"), PathDecision::Deny(libc::EACCES));
+    assert_eq!(d("/etc/ssl/certs/ca.pem"), PathDecision::Continue);
+    assert_eq!(d("/etc/ssl"), PathDecision::Continue);
+    assert_eq!(d("/etcetera"), PathDecision::Continue);
+    assert_eq!(d("/etc"), PathDecision::Deny(libc::EROFS));
+    assert_eq!(d("/etc/"), PathDecision::Deny(libc::EROFS));
+    assert_eq!(d("/usr/lib"), PathDecision::Continue);
+    assert_eq!(d("/"), PathDecision::Continue);
+    let serve = |rest: &str| PathDecision::Serve {
+        prefix: PathBuf::from("/tmp/python/Lib"),
+        dir: PathBuf::from("/var/cache/realm/lib"),
+        rest: PathBuf::from(rest),
+    };
+    assert_eq!(
+        d("/tmp/python/Lib/json/__init__.py"),
+        serve("json/__init__.py")
+    );
+    assert_eq!(d("/tmp/python/Lib"), serve(""));
+    assert_eq!(d("/tmp/python//Lib/./json"), serve("json"));
+    assert_eq!(d("/tmp/python/Library"), PathDecision::Continue);
+    // `..` is applied before matching, so `rest` never climbs out of the served dir.
+    assert_eq!(
+        d("/tmp/python/Lib/../../../etc/passwd"),
+        PathDecision::Deny(libc::EROFS)
+    );
+    assert_eq!(d("/tmp/python/Lib/a/../b"), serve("b"));
+    // A relative path is a caller bug: refused, never silently continued.
+    assert_eq!(d("etc/passwd"), PathDecision::Deny(libc::EACCES));
+}
+
+#[test]
+fn root_prefix_matches_everything() {
+    let src = format!("{HEAD}\n[[path]]\nprefix = \"/\"\naction = \"deny\"\nreason = \"x\"\n[[path]]\nprefix = \"/ok\"\naction = \"continue\"\nreason = \"x\"\n");
+    let p = Profile::parse(&src, "t.toml").unwrap();
+    assert_eq!(
+        p.decide(Path::new("/anything")),
+        PathDecision::Deny(libc::EACCES)
+    );
+    assert_eq!(p.decide(Path::new("/ok/x")), PathDecision::Continue);
+}
+
+#[test]
+fn serve_argument_adds_or_replaces_a_rule() {
+    let mut p = with_paths();
+    p.add_serve("/etc/ssl=/srv/certs").unwrap();
+    assert_eq!(
+        p.decide(Path::new("/etc/ssl/a.pem")),
+        PathDecision::Serve {
+            prefix: PathBuf::from("/etc/ssl"),
+            dir: PathBuf::from("/srv/certs"),
+            rest: PathBuf::from("a.pem"),
+        }
+    );
+    assert_eq!(
+        p.path_rules()
+            .iter()
+            .filter(|r| r.prefix == Path::new("/etc/ssl"))
+            .count(),
+        1
+    );
+    let (_, dir) = parse_serve_arg("/x=rel/dir").unwrap();
+    assert!(dir.is_absolute() && dir.ends_with("rel/dir"));
+    for bad in ["/x", "x=/y", "/x=", "/a/../b=/y"] {
+        let e = p.add_serve(bad).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("--serve {bad}: ")), "{e}");
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Loading.
+// ------------------------------------------------------------------------------------------------
+
+#[test]
+fn load_reads_files_and_names_them_in_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("mine.toml");
+    std::fs::write(&good, HEAD).unwrap();
+    let p = load(good.to_str().unwrap()).unwrap();
+    assert_eq!(p.name(), "t");
+    assert_eq!(p.source(), good.to_str().unwrap());
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, HEAD.replace("getpid", "getpidd")).unwrap();
+    let e = load(bad.to_str().unwrap()).unwrap_err().to_string();
+    assert_eq!(e, format!("{}:9: unknown syscall `getpidd`", bad.display()));
+
+    let e = load("no-such-profile").unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "profile `no-such-profile` is neither a builtin (sigmaos, permissive) nor an existing file"
+    );
+    let e = Profile::from_file(&dir.path().join("missing.toml")).unwrap_err();
+    assert!(matches!(e, PolicyError::Read { .. }));
+}
+
+#[test]
+fn builtin_errors_name_the_repository_file() {
+    assert_eq!(
+        builtin("sigmaos").unwrap().unwrap().source(),
+        "policies/profiles/sigmaos.toml"
+    );
+    assert!(builtin("nope").is_none());
 }
