@@ -1,0 +1,254 @@
+//! The compiled builtin profiles installed for real: in a forked child (raw syscalls, errno
+//! checked) and under real CPython with a small in-test supervisor answering notifications.
+use nix::errno::Errno;
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{fork, ForkResult};
+use notify::{CompiledFilter, Listener, Response};
+use sigma_policies as policies;
+use sigma_policies::{NotificationKind, Profile};
+use std::collections::BTreeSet;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+/// Checks run in the child after installing the filter; the index of the first failing check
+/// is the exit code (0 = all passed). Only raw syscalls: no allocation after fork.
+const CHECKS: &[&str] = &[
+    "ok",
+    "install failed",
+    "getpid (allowed) failed",
+    "socket(AF_INET) did not fail with EPERM",
+    "clone(CLONE_NEWUSER) did not fail with EPERM",
+    "clone(CLONE_NEWNET) did not fail with EPERM",
+    "clone3 did not fail with ENOSYS",
+    "rseq did not fail with ENOSYS",
+    "clone(SIGCHLD) (fork without namespace flags) failed",
+    "wait4 on the forked grandchild failed or wrong status",
+    "unshare(CLONE_NEWNS) did not fail with EPERM",
+    "getuid (addition) failed",
+];
+
+fn raw(r: libc::c_long) -> Result<libc::c_long, i32> {
+    if r == -1 {
+        Err(Errno::last_raw())
+    } else {
+        Ok(r)
+    }
+}
+
+fn child_checks(filter: &CompiledFilter) -> i32 {
+    if filter.install().is_err() {
+        return 1;
+    }
+    // SAFETY: getpid takes no arguments.
+    if raw(unsafe { libc::syscall(libc::SYS_getpid) }).is_err() {
+        return 2;
+    }
+    // SAFETY: socket takes three integers; a returned fd would just leak until _exit.
+    let r = raw(unsafe { libc::syscall(libc::SYS_socket, libc::AF_INET, libc::SOCK_STREAM, 0) });
+    if r != Err(libc::EPERM) {
+        return 3;
+    }
+    for (flag, code) in [(libc::CLONE_NEWUSER, 4), (libc::CLONE_NEWNET, 5)] {
+        // SAFETY: clone with a null stack behaves like fork; should it wrongly succeed, the new
+        // process (r == 0) exits at once without touching anything.
+        let r = raw(unsafe { libc::syscall(libc::SYS_clone, flag | libc::SIGCHLD, 0, 0, 0, 0) });
+        if r == Ok(0) {
+            // SAFETY: _exit ends this (unexpected) process immediately.
+            unsafe { libc::_exit(99) };
+        }
+        if r != Err(libc::EPERM) {
+            return code;
+        }
+    }
+    // SAFETY: clone3 with a null args pointer: the kernel would fail it with EFAULT if it ran.
+    let r = raw(unsafe { libc::syscall(libc::SYS_clone3, 0usize, 0usize) });
+    if r != Err(libc::ENOSYS) {
+        return 6;
+    }
+    // SAFETY: rseq with a null area and zero length: the kernel would fail it with EINVAL.
+    let r = raw(unsafe { libc::syscall(libc::SYS_rseq, 0usize, 0u32, 0, 0u32) });
+    if r != Err(libc::ENOSYS) {
+        return 7;
+    }
+    // SAFETY: clone(SIGCHLD) with a null stack is fork; the new process only calls _exit.
+    let pid = match raw(unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) }) {
+        Ok(0) => {
+            // SAFETY: _exit ends the grandchild immediately.
+            unsafe { libc::_exit(7) }
+        }
+        Ok(pid) => pid,
+        Err(_) => return 8,
+    };
+    let mut status: libc::c_int = 0;
+    // SAFETY: `status` is a live c_int on our stack; rusage pointer is null.
+    let r = raw(unsafe {
+        libc::syscall(
+            libc::SYS_wait4,
+            pid,
+            &mut status as *mut libc::c_int,
+            0,
+            0usize,
+        )
+    });
+    if r != Ok(pid) || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 7 {
+        return 9;
+    }
+    // SAFETY: unshare takes one integer.
+    if raw(unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_NEWNS) }) != Err(libc::EPERM) {
+        return 10;
+    }
+    // SAFETY: getuid takes no arguments.
+    if raw(unsafe { libc::syscall(libc::SYS_getuid) }).is_err() {
+        return 11;
+    }
+    0
+}
+
+#[test]
+fn sigmaos_filter_in_forked_child() {
+    let mut profile = policies::load("sigmaos").unwrap();
+    // Nobody answers notifications here: deny unlisted calls in the kernel (no logging). The
+    // allow-list and conditional rules are identical to the logging profile's.
+    profile.set_logs_denied(false);
+    let compiled = profile.filter_spec().compile().unwrap();
+    // SAFETY: the child only runs `child_checks` (no allocation: install and raw syscalls) and
+    // then _exit, so forking from the multi-threaded test harness is sound.
+    match unsafe { fork() }.unwrap() {
+        ForkResult::Child => {
+            let code = child_checks(&compiled);
+            // SAFETY: _exit ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => match waitpid(child, None).unwrap() {
+            WaitStatus::Exited(_, 0) => {}
+            WaitStatus::Exited(_, code) => panic!(
+                "check {code} failed in the filtered child: {}",
+                CHECKS.get(code as usize).unwrap_or(&"unknown")
+            ),
+            other => panic!("filtered child ended with {other:?}"),
+        },
+    }
+}
+
+/// The real interpreter behind the pyenv shim (the shim is a shell script).
+fn python() -> String {
+    let out = Command::new("python3.11")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3.11 is required for this test (it runs CPython under the filter)");
+    assert!(out.status.success(), "python3.11 failed: {out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+const PROGRAM: &str = r#"
+import json, socket, subprocess, sys, threading
+t = threading.Thread(target=lambda: json.dumps([1])); t.start(); t.join()
+r = subprocess.run([sys.executable, "-c",
+    "import threading; t = threading.Thread(target=print, args=('hi',)); t.start(); t.join()"],
+    capture_output=True)
+assert r.returncode == 0 and r.stdout == b"hi\n", r
+try:
+    socket.socket()
+    print("socket allowed")
+except PermissionError:
+    print("socket EPERM")
+print(json.dumps({"ok": True}))
+"#;
+
+/// Run PROGRAM under `profile`, answering notifications as the supervisor would (path calls:
+/// continue — this test has no path rules to enforce; denied calls: the profile's errno, noted).
+/// Returns (stdout, path-call names seen, denied names seen).
+fn run_python_supervised(profile: Profile) -> (String, BTreeSet<String>, BTreeSet<String>) {
+    let compiled = profile.filter_spec().compile().unwrap();
+    let (fd_r, fd_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    let (ack_r, ack_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    let (fd_w_raw, ack_r_raw) = (fd_w.as_raw_fd(), ack_r.as_raw_fd());
+
+    let paths = Arc::new(Mutex::new(BTreeSet::new()));
+    let denied = Arc::new(Mutex::new(BTreeSet::new()));
+    let (paths2, denied2) = (paths.clone(), denied.clone());
+    let profile2 = profile.clone();
+    let supervisor = std::thread::spawn(move || {
+        let mut buf = [0u8; 8];
+        nix::unistd::read(&fd_r, &mut buf).unwrap();
+        let pid = i32::from_ne_bytes(buf[..4].try_into().unwrap());
+        let remote = i32::from_ne_bytes(buf[4..].try_into().unwrap());
+        let listener = Listener::take_from(pid, remote).unwrap();
+        nix::unistd::write(&ack_w, b"k").unwrap();
+        while let Some(n) = listener.recv_or_hup().unwrap() {
+            let name = n.syscall_name().unwrap_or_else(|| n.syscall.to_string());
+            let resp = match profile2.notification_kind(n.syscall) {
+                Some(NotificationKind::Path) => {
+                    paths2.lock().unwrap().insert(name);
+                    Response::continue_unchecked()
+                }
+                Some(NotificationKind::Denied { errno }) => {
+                    denied2.lock().unwrap().insert(name);
+                    Response::Errno(errno)
+                }
+                None => panic!("notification for {name}, which the filter should not notify"),
+            };
+            // The target may have died meanwhile (Gone): nothing to answer then.
+            let _ = listener.respond(n.id, resp);
+        }
+    });
+
+    let mut cmd = Command::new(python());
+    cmd.args(["-I", "-c", PROGRAM])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    // SAFETY: the closure runs in the forked child before exec; it only calls install (no
+    // allocation), getpid, write and read on fds that stay open in the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            let pid = libc::getpid();
+            let fd: OwnedFd = compiled.install().map_err(std::io::Error::from)?;
+            let mut msg = [0u8; 8];
+            msg[..4].copy_from_slice(&pid.to_ne_bytes());
+            msg[4..].copy_from_slice(&fd.as_raw_fd().to_ne_bytes());
+            if libc::write(fd_w_raw, msg.as_ptr().cast(), 8) != 8 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut ack = 0u8;
+            if libc::read(ack_r_raw, (&mut ack as *mut u8).cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The listener fd is close-on-exec: only the supervisor's copy survives.
+            std::mem::forget(fd);
+            Ok(())
+        });
+    }
+    let out = cmd.spawn().unwrap().wait_with_output().unwrap();
+    drop((fd_w, ack_r));
+    supervisor.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "python failed: {out:?}");
+    let paths = paths.lock().unwrap().clone();
+    let denied = denied.lock().unwrap().clone();
+    (stdout, paths, denied)
+}
+
+#[test]
+fn cpython_threads_and_subprocess_run_under_sigmaos() {
+    let profile = policies::load("sigmaos").unwrap();
+    assert!(profile.logs_denied());
+    let (stdout, paths, denied) = run_python_supervised(profile);
+    assert_eq!(stdout, "socket EPERM\n{\"ok\": true}\n");
+    eprintln!("path calls notified: {paths:?}\ndenied and logged: {denied:?}");
+    // The supervisor saw the denied socket call and the interpreter's path lookups.
+    assert!(denied.contains("socket"), "{denied:?}");
+    for name in ["openat", "newfstatat", "execve"] {
+        assert!(paths.contains(name), "{name} not notified: {paths:?}");
+    }
+}
+
+#[test]
+fn cpython_under_permissive_denies_nothing() {
+    let profile = policies::load("permissive").unwrap();
+    let (stdout, paths, denied) = run_python_supervised(profile);
+    assert_eq!(stdout, "socket allowed\n{\"ok\": true}\n");
+    assert!(denied.is_empty(), "{denied:?}");
+    assert!(paths.contains("openat"), "{paths:?}");
+}
