@@ -1,1 +1,132 @@
-fn main() {}
+//! `sigma-supervise [OPTIONS] [--] PROGRAM [ARGS...]`: run an unmodified program as a σOS-style
+//! proc. The child installs the profile's seccomp filter (allow-list, user-notify for path calls)
+//! and execs; this process answers the notifications from outside the filter.
+//!
+//! The path of one call: `main` (cli) → [`spawn`] (fork, mounts, filter, listener hand-off) →
+//! [`supervisor`] (receive loop on a dedicated thread) → [`handlers`] (one module per syscall
+//! family, one shared path routine) → [`serve`] (host-side opens under served dirs).
+#![deny(unsafe_code)]
+
+mod handlers;
+mod policy;
+mod serve;
+mod spawn;
+mod stats;
+mod supervisor;
+mod sys;
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Run PROGRAM as a σOS proc under a seccomp user-notify supervisor.
+///
+/// A later `publish` subcommand and `--realm/--bucket/--cache-dir` (fetcher) options fit in
+/// beside these: a PROGRAM that collides with a subcommand name can always be given after `--`.
+#[derive(Debug, Parser)]
+#[command(name = "sigma-supervise", version, about)]
+pub struct Cli {
+    /// Builtin profile name (sigmaos, permissive) or a TOML profile file.
+    #[arg(long, value_name = "NAME|FILE", default_value = "sigmaos")]
+    pub profile: String,
+
+    /// Serve host DIR to the target at the virtual path PREFIX (repeatable). DIR itself is hidden
+    /// from the target; files under it are opened by the supervisor, read-only.
+    #[arg(long = "serve", value_name = "PREFIX=DIR", value_parser = parse_serve)]
+    pub serve: Vec<String>,
+
+    /// One line per notified call (pid, syscall, path, decision, µs) to FILE, or stderr.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = "-")]
+    pub trace: Option<PathBuf>,
+
+    /// Print counts per syscall and decision, and the time spent answering, at exit.
+    #[arg(long)]
+    pub stats: bool,
+
+    /// CPU placement of the notification thread and the target. `auto` pins the target and the
+    /// notification thread to one shared CPU when the target is single-CPU bound (see README).
+    #[arg(long, value_enum, default_value_t = Pin::Off)]
+    pub pin: Pin,
+
+    /// More logging (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// The program (looked up on PATH) and its arguments.
+    #[arg(
+        value_name = "PROGRAM",
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Pin {
+    /// Leave placement to the scheduler (SYNC_WAKE_UP lets it co-locate).
+    Off,
+    /// Pin the target and the notification thread to the same single CPU.
+    Shared,
+}
+
+fn parse_serve(s: &str) -> Result<String, String> {
+    policies::parse_serve_arg(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("sigma-supervise: {:#}", failure.error);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// An error for the user plus the exit status it maps to (127 not found, 126 not executable,
+/// 125 the supervisor itself failed — the conventions of env(1) and shells).
+pub struct Failure {
+    pub error: anyhow::Error,
+    pub code: u8,
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(error: anyhow::Error) -> Self {
+        Failure { error, code: 125 }
+    }
+}
+
+fn run(cli: Cli) -> Result<u8, Failure> {
+    let program = spawn::find_program(&cli.command[0])?;
+    let policy = policy::Policy::load(&cli.profile, &cli.serve)
+        .with_context(|| format!("profile `{}`", cli.profile))?;
+    let trace = stats::TraceSink::open(cli.trace.as_deref())?;
+    let prepared = spawn::prepare(&program, &cli.command, &policy, cli.pin)?;
+    let child = spawn::spawn(prepared)?;
+    let status = supervisor::supervise(child, policy, trace, cli.stats, cli.pin)?;
+    Ok(status)
+}

@@ -1,0 +1,16 @@
+//! mkdir, mkdirat: served trees are read-only, so an existing entry is EEXIST (what callers
+//! such as `os.makedirs(exist_ok=True)` look for) and anything else EROFS.
+#![forbid(unsafe_code)]
+
+use super::{refuse_write, Follow, PathArg, Spec};
+
+pub const MKDIR: Spec = Spec {
+    name: "mkdir",
+    paths: &[PathArg::cwd(0, Follow::No).creates()],
+    serve: refuse_write,
+};
+pub const MKDIRAT: Spec = Spec {
+    name: "mkdirat",
+    paths: &[PathArg::at(0, 1, Follow::No).creates()],
+    serve: refuse_write,
+};

@@ -1,0 +1,443 @@
+//! Syscall handlers. Each family module *declares* its syscalls' path arguments ([`Spec`]) and
+//! implements what the supervisor does when a path is served ([`ServeFn`], one uniform
+//! signature returning `Result<Reply, Errno>`). [`path_call`] is the one routine that reads the
+//! paths from the target, resolves them, asks the policy and re-checks the notification id;
+//! handlers never read target memory for paths themselves.
+#![forbid(unsafe_code)]
+
+pub mod access;
+pub mod exec;
+pub mod mkdir;
+pub mod open;
+pub mod readlink;
+pub mod stat;
+
+use crate::policy::Decide;
+use crate::serve::{Lookup, Served};
+use crate::stats::Decision;
+use crate::supervisor::{answer, Shared};
+use nix::errno::Errno;
+use notify::mem::TargetMem;
+use notify::{Listener, Notification, Response};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What a handler did.
+pub enum Reply {
+    /// Answer the notification with this.
+    Respond(Response),
+    /// Already answered (NOTIF_ADDFD with SEND), or handed to a worker that will answer.
+    Answered,
+}
+
+/// Whether the last component of a path is followed when it is a symlink.
+#[derive(Debug, Clone, Copy)]
+pub enum Follow {
+    Yes,
+    No,
+    /// Followed unless `args[i] & AT_SYMLINK_NOFOLLOW`.
+    UnlessAtFlag(usize),
+}
+
+/// How a path argument is found in the syscall's arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct PathArg {
+    /// Argument holding the dirfd (`None`: relative to the cwd).
+    pub dirfd: Option<usize>,
+    /// Argument holding the path pointer.
+    pub path: usize,
+    pub follow: Follow,
+    /// `Some(i)`: an empty path with `args[i] & AT_EMPTY_PATH` means the dirfd itself.
+    pub empty_flag: Option<usize>,
+    /// The last component must already exist (false for calls that create it).
+    pub must_exist: bool,
+}
+
+impl PathArg {
+    pub const fn cwd(path: usize, follow: Follow) -> Self {
+        PathArg {
+            dirfd: None,
+            path,
+            follow,
+            empty_flag: None,
+            must_exist: true,
+        }
+    }
+    pub const fn at(dirfd: usize, path: usize, follow: Follow) -> Self {
+        PathArg {
+            dirfd: Some(dirfd),
+            path,
+            follow,
+            empty_flag: None,
+            must_exist: true,
+        }
+    }
+    pub const fn empty_ok(mut self, flags_arg: usize) -> Self {
+        self.empty_flag = Some(flags_arg);
+        self
+    }
+    pub const fn creates(mut self) -> Self {
+        self.must_exist = false;
+        self
+    }
+}
+
+/// A served call, as the serve function sees it.
+pub struct ServeCall<'a> {
+    pub listener: &'a Listener,
+    pub notif: &'a Notification,
+    pub served: &'a Served,
+    /// Path below the served directory (relative, no `..`; empty = the directory itself).
+    pub rest: &'a Path,
+    pub follow: bool,
+    pub must_exist: bool,
+}
+
+impl ServeCall<'_> {
+    pub fn mem(&self) -> TargetMem<'_> {
+        TargetMem {
+            listener: self.listener,
+            notif: self.notif,
+        }
+    }
+    pub fn arg(&self, i: usize) -> u64 {
+        self.notif.args[i]
+    }
+}
+
+pub type ServeFn = fn(&ServeCall<'_>) -> Result<Reply, Errno>;
+
+/// One notified syscall: its path arguments and what serving it means.
+pub struct Spec {
+    pub name: &'static str,
+    pub paths: &'static [PathArg],
+    pub serve: ServeFn,
+}
+
+/// Calls that would modify a served (read-only) tree: EROFS, or EEXIST when the call would
+/// create an entry that already exists (what `os.makedirs(exist_ok=True)` and friends look for).
+pub fn refuse_write(call: &ServeCall<'_>) -> Result<Reply, Errno> {
+    if !call.must_exist && stat::open_path(call).is_ok() {
+        return Err(Errno::EEXIST);
+    }
+    Err(Errno::EROFS)
+}
+
+/// Calls the supervisor cannot perform for the target (e.g. chdir into a served directory: the
+/// target's cwd would have to be a directory it cannot see).
+pub fn refuse_unsupported(_call: &ServeCall<'_>) -> Result<Reply, Errno> {
+    Err(Errno::EACCES)
+}
+
+const CWD_FOLLOW: &[PathArg] = &[PathArg::cwd(0, Follow::Yes)];
+const CWD_NOFOLLOW: &[PathArg] = &[PathArg::cwd(0, Follow::No)];
+const CWD_CREATE: &[PathArg] = &[PathArg::cwd(0, Follow::No).creates()];
+const AT_CREATE: &[PathArg] = &[PathArg::at(0, 1, Follow::No).creates()];
+const AT_NOFOLLOW: &[PathArg] = &[PathArg::at(0, 1, Follow::No)];
+const TWO_CWD: &[PathArg] = &[
+    PathArg::cwd(0, Follow::No),
+    PathArg::cwd(1, Follow::No).creates(),
+];
+const TWO_AT: &[PathArg] = &[
+    PathArg::at(0, 1, Follow::No),
+    PathArg::at(2, 3, Follow::No).creates(),
+];
+const SYMLINK: &[PathArg] = &[PathArg::cwd(1, Follow::No).creates()];
+const SYMLINKAT: &[PathArg] = &[PathArg::at(1, 2, Follow::No).creates()];
+const AT_FLAG3: &[PathArg] = &[PathArg::at(0, 1, Follow::UnlessAtFlag(3)).empty_ok(3)];
+const AT_FLAG4: &[PathArg] = &[PathArg::at(0, 1, Follow::UnlessAtFlag(4)).empty_ok(4)];
+
+/// Every path-bearing syscall the supervisor knows. A profile that notifies a syscall not listed
+/// here gets it refused (with a warning at start), never continued blindly.
+pub const SPECS: &[Spec] = &[
+    open::OPEN,
+    open::OPENAT,
+    open::OPENAT2,
+    open::CREAT,
+    stat::STAT,
+    stat::LSTAT,
+    stat::NEWFSTATAT,
+    stat::STATX,
+    access::ACCESS,
+    access::FACCESSAT,
+    access::FACCESSAT2,
+    readlink::READLINK,
+    readlink::READLINKAT,
+    exec::EXECVE,
+    exec::EXECVEAT,
+    mkdir::MKDIR,
+    mkdir::MKDIRAT,
+    Spec {
+        name: "rmdir",
+        paths: CWD_NOFOLLOW,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "unlink",
+        paths: CWD_NOFOLLOW,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "unlinkat",
+        paths: AT_NOFOLLOW,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "rename",
+        paths: TWO_CWD,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "renameat",
+        paths: TWO_AT,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "renameat2",
+        paths: TWO_AT,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "link",
+        paths: TWO_CWD,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "linkat",
+        paths: TWO_AT,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "symlink",
+        paths: SYMLINK,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "symlinkat",
+        paths: SYMLINKAT,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "mknod",
+        paths: CWD_CREATE,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "mknodat",
+        paths: AT_CREATE,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "chmod",
+        paths: CWD_FOLLOW,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "fchmodat",
+        paths: AT_FLAG3,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "chown",
+        paths: CWD_FOLLOW,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "lchown",
+        paths: CWD_NOFOLLOW,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "fchownat",
+        paths: AT_FLAG4,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "truncate",
+        paths: CWD_FOLLOW,
+        serve: refuse_write,
+    },
+    Spec {
+        name: "utimensat",
+        paths: &[PathArg::at(0, 1, Follow::UnlessAtFlag(3))],
+        serve: refuse_write,
+    },
+    Spec {
+        name: "chdir",
+        paths: CWD_FOLLOW,
+        serve: refuse_unsupported,
+    },
+    Spec {
+        name: "chroot",
+        paths: CWD_FOLLOW,
+        serve: refuse_unsupported,
+    },
+    Spec {
+        name: "statfs",
+        paths: CWD_FOLLOW,
+        serve: refuse_unsupported,
+    },
+    Spec {
+        name: "getxattr",
+        paths: CWD_FOLLOW,
+        serve: refuse_unsupported,
+    },
+    Spec {
+        name: "lgetxattr",
+        paths: CWD_NOFOLLOW,
+        serve: refuse_unsupported,
+    },
+    Spec {
+        name: "listxattr",
+        paths: CWD_FOLLOW,
+        serve: refuse_unsupported,
+    },
+    Spec {
+        name: "llistxattr",
+        paths: CWD_NOFOLLOW,
+        serve: refuse_unsupported,
+    },
+    Spec {
+        name: "inotify_add_watch",
+        paths: &[PathArg::cwd(1, Follow::Yes)],
+        serve: refuse_unsupported,
+    },
+];
+
+/// Per-call scratch the loop reuses: what was decided and on which path (for trace/stats).
+#[derive(Default)]
+pub struct CallInfo {
+    pub decision: Option<Decision>,
+    pub path: Option<PathBuf>,
+}
+
+impl CallInfo {
+    pub fn reset(&mut self) {
+        self.decision = None;
+        self.path = None;
+    }
+}
+
+fn errno_of(e: notify::NotifyError) -> Errno {
+    match e {
+        notify::NotifyError::Ioctl { source, .. } => source,
+        notify::NotifyError::Gone { .. } => Errno::ENOENT,
+        _ => Errno::EIO,
+    }
+}
+
+/// Map a notify error from an fd injection to the errno the call fails with.
+pub fn inject_errno(e: notify::NotifyError) -> Errno {
+    errno_of(e)
+}
+
+/// The shared path routine: read each declared path, resolve it against the target's cwd or
+/// dirfd, decide, and for a serve re-check the notification id before acting on the host.
+pub fn path_call(
+    sh: &Arc<Shared>,
+    n: &Notification,
+    spec: &'static Spec,
+    info: &mut CallInfo,
+) -> Result<Reply, Errno> {
+    let mem = TargetMem {
+        listener: &sh.listener,
+        notif: n,
+    };
+    // The first serve decision (if any) with its arg; a deny anywhere wins.
+    let mut serve: Option<(usize, PathBuf, &PathArg)> = None;
+    for arg in spec.paths {
+        let raw = mem.read_path(n.args[arg.path]).inspect_err(|e| {
+            info.decision = Some(Decision::Error(*e as i32));
+        })?;
+        if raw.is_empty() {
+            match arg.empty_flag {
+                Some(f) if n.args[f] & libc::AT_EMPTY_PATH as u64 != 0 => {
+                    // The call is on an fd the target already holds: nothing to decide.
+                    continue;
+                }
+                _ => {
+                    info.decision = Some(Decision::Error(libc::ENOENT));
+                    return Err(Errno::ENOENT);
+                }
+            }
+        }
+        let dirfd = match arg.dirfd {
+            Some(i) => n.args[i] as i32,
+            None => libc::AT_FDCWD,
+        };
+        let abs = notify::path::absolute(n.pid, dirfd, &raw).inspect_err(|e| {
+            info.decision = Some(Decision::Error(*e as i32));
+        })?;
+        let decision = sh.policy.decide(&abs);
+        if info.path.is_none() && sh.timing {
+            info.path = Some(abs.clone());
+        }
+        match decision {
+            Decide::Continue => {}
+            Decide::Deny(e) => {
+                info.decision = Some(Decision::Deny(e));
+                if sh.timing {
+                    info.path = Some(abs);
+                }
+                return Err(Errno::from_raw(e));
+            }
+            Decide::Serve { index, rest } => {
+                if serve.is_none() {
+                    serve = Some((index, rest, arg));
+                }
+            }
+        }
+    }
+    let Some((index, rest, arg)) = serve else {
+        info.decision = Some(Decision::Continue);
+        // Access is the kernel's job here (allow-list + mount namespace): no rule grants anything.
+        return Ok(Reply::Respond(Response::continue_unchecked()));
+    };
+    // The cwd/dirfd reads above were for this target only if its notification is still live.
+    if !sh.listener.id_valid(n.id) {
+        info.decision = Some(Decision::Error(libc::ENOENT));
+        return Err(Errno::ENOENT);
+    }
+    let follow = match arg.follow {
+        Follow::Yes => true,
+        Follow::No => false,
+        Follow::UnlessAtFlag(i) => n.args[i] & libc::AT_SYMLINK_NOFOLLOW as u64 == 0,
+    };
+    let must_exist = arg.must_exist;
+    let served = &sh.policy.served()[index];
+    match sh.resolver.lookup(served, &rest) {
+        Lookup::Local => {
+            let call = ServeCall {
+                listener: &sh.listener,
+                notif: n,
+                served,
+                rest: &rest,
+                follow,
+                must_exist,
+            };
+            let r = (spec.serve)(&call);
+            info.decision = Some(Decision::Serve(r.as_ref().err().map(|e| *e as i32)));
+            r
+        }
+        Lookup::Fetch => {
+            let sh2 = Arc::clone(sh);
+            let n2 = *n;
+            sh.deferred.submit(Box::new(move || {
+                let served = &sh2.policy.served()[index];
+                let r = sh2.resolver.fetch(served, &rest).and_then(|()| {
+                    (spec.serve)(&ServeCall {
+                        listener: &sh2.listener,
+                        notif: &n2,
+                        served,
+                        rest: &rest,
+                        follow,
+                        must_exist,
+                    })
+                });
+                answer(&sh2.listener, n2.id, r);
+            }));
+            info.decision = Some(Decision::Serve(None));
+            Ok(Reply::Answered)
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! open, openat, openat2, creat. Served opens are performed by the supervisor beneath the served
+//! directory and the fd is injected with NOTIF_ADDFD + SEND; writes into served trees are EROFS.
+#![forbid(unsafe_code)]
+
+use super::{inject_errno, refuse_write, Follow, PathArg, Reply, ServeCall, Spec};
+use crate::sys;
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, ResolveFlag};
+use std::os::fd::AsFd;
+
+pub const OPEN: Spec = Spec {
+    name: "open",
+    paths: &[PathArg::cwd(0, Follow::Yes).creates()],
+    serve: serve_open,
+};
+pub const OPENAT: Spec = Spec {
+    name: "openat",
+    paths: &[PathArg::at(0, 1, Follow::Yes).creates()],
+    serve: serve_openat,
+};
+pub const OPENAT2: Spec = Spec {
+    name: "openat2",
+    paths: &[PathArg::at(0, 1, Follow::Yes).creates()],
+    serve: serve_openat2,
+};
+pub const CREAT: Spec = Spec {
+    name: "creat",
+    paths: &[PathArg::cwd(0, Follow::Yes).creates()],
+    serve: refuse_write,
+};
+
+fn serve_open(call: &ServeCall<'_>) -> Result<Reply, Errno> {
+    open_served(call, call.arg(1), ResolveFlag::empty())
+}
+
+fn serve_openat(call: &ServeCall<'_>) -> Result<Reply, Errno> {
+    open_served(call, call.arg(2), ResolveFlag::empty())
+}
+
+fn serve_openat2(call: &ServeCall<'_>) -> Result<Reply, Errno> {
+    let size = usize::try_from(call.arg(3)).map_err(|_| Errno::EINVAL)?;
+    if size < std::mem::size_of::<u64>() * 3 || size > 4096 {
+        return Err(Errno::EINVAL);
+    }
+    let mut buf = [0u8; 24];
+    call.mem().read(call.arg(2), &mut buf)?;
+    let how: libc::open_how = sys::struct_from_bytes(&buf);
+    // The target's own resolve restrictions only narrow ours; IN_ROOT conflicts with BENEATH.
+    let theirs = ResolveFlag::from_bits_truncate(how.resolve) - ResolveFlag::RESOLVE_IN_ROOT;
+    open_served(call, how.flags, theirs)
+}
+
+/// Flags a served open may carry through (O_CLOEXEC goes to the injected fd instead).
+const PASS: libc::c_int = libc::O_DIRECTORY
+    | libc::O_NOFOLLOW
+    | libc::O_PATH
+    | libc::O_NONBLOCK
+    | libc::O_NOCTTY
+    | libc::O_LARGEFILE
+    | libc::O_DSYNC
+    | libc::O_SYNC;
+
+fn open_served(call: &ServeCall<'_>, flags: u64, resolve: ResolveFlag) -> Result<Reply, Errno> {
+    let flags = flags as libc::c_int;
+    let writes = flags & libc::O_ACCMODE != libc::O_RDONLY
+        || flags & (libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND | libc::O_TMPFILE) != 0;
+    if writes {
+        return Err(Errno::EROFS);
+    }
+    let oflag = OFlag::from_bits_truncate(flags & PASS);
+    let fd = call.served.openat(call.rest, oflag, resolve)?;
+    let cloexec = flags & libc::O_CLOEXEC != 0;
+    call.listener
+        .addfd_send(call.notif.id, fd.as_fd(), cloexec)
+        .map_err(inject_errno)?;
+    Ok(Reply::Answered)
+}

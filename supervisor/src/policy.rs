@@ -1,0 +1,126 @@
+//! The supervisor's view of a profile: `policies::Profile` plus the served directories opened
+//! once on the host (indexed, so a decision carries no host path) and the denied paths that get
+//! a kernel-enforced over-mount in the child.
+#![forbid(unsafe_code)]
+
+use crate::serve::Served;
+use anyhow::{anyhow, Context as _};
+use policies::{PathAction, PathDecision, Profile};
+use std::path::{Path, PathBuf};
+
+pub struct Policy {
+    profile: Profile,
+    served: Vec<Served>,
+    denied: Vec<PathBuf>,
+}
+
+/// A decision for one resolved path.
+pub enum Decide {
+    Continue,
+    Deny(i32),
+    /// `served()[index]`, at `rest` below its directory.
+    Serve {
+        index: usize,
+        rest: PathBuf,
+    },
+}
+
+/// How the loop answers a syscall number (built once from the profile).
+#[derive(Clone, Copy)]
+pub enum Kind {
+    Path(&'static crate::handlers::Spec),
+    /// Outside the allow-list: the profile's errno, logged once per name.
+    Refused(i32),
+}
+
+impl Policy {
+    pub fn load(name: &str, serves: &[String]) -> anyhow::Result<Policy> {
+        let mut profile = policies::load(name)?;
+        for s in serves {
+            profile.add_serve(s)?;
+        }
+        let mut served = Vec::new();
+        let mut denied = Vec::new();
+        for rule in profile.path_rules() {
+            match &rule.action {
+                PathAction::Serve(dir) => {
+                    if dir == Path::new("/") {
+                        return Err(anyhow!(
+                            "serve {}: serving / would hide the whole filesystem",
+                            rule.prefix.display()
+                        ));
+                    }
+                    let s = Served::open(rule.prefix.clone(), dir.clone())
+                        .map_err(|e| anyhow!("serve {}: {e}", rule.prefix.display()))?;
+                    served.push(s);
+                }
+                PathAction::Deny(_) => denied.push(rule.prefix.clone()),
+                PathAction::Continue => {}
+            }
+        }
+        Ok(Policy {
+            profile,
+            served,
+            denied,
+        })
+    }
+
+    pub fn filter_spec(&self) -> notify::FilterSpec {
+        self.profile.filter_spec()
+    }
+
+    pub fn served(&self) -> &[Served] {
+        &self.served
+    }
+
+    pub fn denied_paths(&self) -> &[PathBuf] {
+        &self.denied
+    }
+
+    pub fn decide(&self, path: &Path) -> Decide {
+        match self.profile.decide(path) {
+            PathDecision::Continue => Decide::Continue,
+            PathDecision::Deny(e) => Decide::Deny(e),
+            PathDecision::Serve { prefix, rest, .. } => {
+                match self.served.iter().position(|s| s.prefix == prefix) {
+                    Some(index) => Decide::Serve { index, rest },
+                    // Every serve rule was opened at load; unreachable unless the profile
+                    // changes underneath us. Refuse rather than continue.
+                    None => Decide::Deny(libc::EACCES),
+                }
+            }
+        }
+    }
+
+    /// The answer kind for every syscall number below `max`, and warnings for notified
+    /// syscalls the supervisor has no handler for (those are refused, never continued).
+    pub fn kinds(&self, max: usize) -> anyhow::Result<(Vec<Option<Kind>>, Vec<String>)> {
+        let mut table = vec![None; max];
+        let mut warnings = Vec::new();
+        let refused = self.profile.denied_errno().unwrap_or(libc::EPERM);
+        if self.profile.logs_denied() {
+            for k in table.iter_mut() {
+                *k = Some(Kind::Refused(refused));
+            }
+        }
+        for name in self.profile.notified_syscalls() {
+            let nr = libseccomp::ScmpSyscall::from_name(&name)
+                .with_context(|| format!("syscall `{name}`"))?;
+            let nr = usize::try_from(i32::from(nr))
+                .ok()
+                .filter(|n| *n < max)
+                .ok_or_else(|| anyhow!("syscall `{name}` has no native number"))?;
+            match crate::handlers::SPECS.iter().find(|s| s.name == name) {
+                Some(spec) => table[nr] = Some(Kind::Path(spec)),
+                None => {
+                    warnings.push(format!(
+                        "profile notifies `{name}` but the supervisor has no handler for it: \
+                         it will fail with EPERM"
+                    ));
+                    table[nr] = Some(Kind::Refused(libc::EPERM));
+                }
+            }
+        }
+        Ok((table, warnings))
+    }
+}

@@ -1,0 +1,121 @@
+//! Served directories: a virtual PREFIX in the target maps to a host DIR that the target cannot
+//! see (its mount namespace hides DIR). The supervisor opens files under DIR itself with
+//! openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS), so neither `..` nor a symlink escapes DIR.
+//!
+//! Where a served file comes from is a [`Resolver`]'s business. Today only local directories
+//! exist ([`LocalDirs`]); a fetching resolver (libraries from a realm's bucket into a cache)
+//! answers [`Lookup::Fetch`] on a miss, and the receive loop hands the call to a worker thread
+//! ([`Deferred`]) that fetches and then answers the notification itself, so the loop never waits.
+#![forbid(unsafe_code)]
+
+use nix::errno::Errno;
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::Mode;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+/// One served directory, opened once (O_PATH) in the supervisor's own mount namespace.
+#[derive(Debug)]
+pub struct Served {
+    pub prefix: PathBuf,
+    pub dir: PathBuf,
+    pub dirfd: OwnedFd,
+}
+
+impl Served {
+    pub fn open(prefix: PathBuf, dir: PathBuf) -> Result<Served, String> {
+        let dirfd = nix::fcntl::open(
+            &dir,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| format!("served directory {}: {}", dir.display(), e.desc()))?;
+        Ok(Served { prefix, dir, dirfd })
+    }
+
+    /// openat2 beneath DIR. `rest` is relative and free of `..` (the policy guarantees it);
+    /// RESOLVE_BENEATH still refuses symlinks that point outside DIR.
+    pub fn openat(&self, rest: &Path, flags: OFlag, extra: ResolveFlag) -> Result<OwnedFd, Errno> {
+        let rel: &Path = if rest.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rest
+        };
+        let how = OpenHow::new()
+            .flags(flags | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS | extra);
+        openat2(self.dirfd.as_fd(), rel, how).map_err(|e| match e {
+            // Escaping DIR looks like "not there" to the target.
+            Errno::EXDEV => Errno::ENOENT,
+            e => e,
+        })
+    }
+}
+
+/// Where a served path is right now.
+pub enum Lookup {
+    /// Under the served directory on this host: answer on the receive thread.
+    Local,
+    /// Must be fetched first: hand the call to a worker. Returned by fetching resolvers
+    /// (realm cache integration); [`LocalDirs`] never does.
+    #[allow(dead_code)]
+    Fetch,
+}
+
+/// Source of served files. `lookup` runs on the receive loop and must not block.
+pub trait Resolver: Send + Sync {
+    fn lookup(&self, served: &Served, rest: &Path) -> Lookup;
+    /// Runs on a worker thread; may block. After Ok the served path is local.
+    fn fetch(&self, _served: &Served, _rest: &Path) -> Result<(), Errno> {
+        Err(Errno::ENOENT)
+    }
+}
+
+/// Plain host directories: everything is local.
+pub struct LocalDirs;
+
+impl Resolver for LocalDirs {
+    fn lookup(&self, _served: &Served, _rest: &Path) -> Lookup {
+        Lookup::Local
+    }
+}
+
+/// A call handed off the receive loop: the worker runs `job` and answers the notification.
+pub type Job = Box<dyn FnOnce() + Send>;
+
+/// Worker threads for deferred serve calls, started on first use.
+#[derive(Default)]
+pub struct Deferred {
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+}
+
+impl Deferred {
+    const WORKERS: usize = 2;
+
+    pub fn submit(&self, job: Job) {
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = tx.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let rx = Arc::new(Mutex::new(rx));
+            for i in 0..Self::WORKERS {
+                let rx = Arc::clone(&rx);
+                let _ = std::thread::Builder::new()
+                    .name(format!("sigma-serve-{i}"))
+                    .spawn(move || loop {
+                        let job = match rx.lock() {
+                            Ok(rx) => rx.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    });
+            }
+            tx
+        });
+        let _ = sender.send(job);
+    }
+}

@@ -1,0 +1,412 @@
+//! Starting the target: everything is built before fork (C strings, pointer arrays, the compiled
+//! filter, the list of mounts); the child then only makes system calls:
+//! new mount namespace → hide served dirs → over-mount denied paths → no_new_privs + filter →
+//! hand the listener to the parent (it takes it with pidfd_getfd) → wait for "go" → execve.
+#![forbid(unsafe_code)]
+
+use crate::policy::Policy;
+use crate::{sys, Failure, Pin};
+use anyhow::{anyhow, Context as _};
+use nix::errno::Errno;
+use nix::mount::{mount, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::unistd::{access, AccessFlags};
+use notify::CompiledFilter;
+use std::ffi::{c_char, CStr, CString, OsStr, OsString};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+
+/// Signals the supervisor handles synchronously (sigwaitinfo) instead of by default action.
+pub fn handled_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        set.add(s);
+    }
+    set
+}
+
+/// Resolve PROGRAM as a shell would: a name with `/` as given, else the first executable match
+/// on PATH. Not found → 127, not executable → 126.
+pub fn find_program(arg0: &OsStr) -> Result<PathBuf, Failure> {
+    let shown = arg0.to_string_lossy();
+    let not_found = |what: String| Failure {
+        error: anyhow!(what),
+        code: 127,
+    };
+    if arg0.as_bytes().contains(&b'/') {
+        let p = PathBuf::from(arg0);
+        if !p.exists() {
+            return Err(not_found(format!("{shown}: no such file")));
+        }
+        if p.is_dir() || access(&p, AccessFlags::X_OK).is_err() {
+            return Err(Failure {
+                error: anyhow!("{shown}: not an executable file"),
+                code: 126,
+            });
+        }
+        return Ok(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
+    for dir in std::env::split_paths(&path) {
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        let cand = dir.join(arg0);
+        if cand.is_file() && access(&cand, AccessFlags::X_OK).is_ok() {
+            return Ok(cand);
+        }
+    }
+    Err(not_found(format!("{shown}: command not found on PATH")))
+}
+
+/// An over-mount that makes the kernel itself refuse a denied path.
+struct DenyMount {
+    target: CString,
+    is_dir: bool,
+}
+
+/// Empty file and directory used as bind sources for denied paths; removed once the child has
+/// made its mounts (the mounts keep the inodes alive).
+pub struct Scratch {
+    dir: PathBuf,
+    file: CString,
+    subdir: CString,
+}
+
+impl Scratch {
+    fn create() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("sigma-supervise.{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating scratch dir {}", dir.display()))?;
+        let file = dir.join("empty");
+        std::fs::write(&file, b"").with_context(|| format!("creating {}", file.display()))?;
+        let subdir = dir.join("emptydir");
+        std::fs::create_dir_all(&subdir)
+            .with_context(|| format!("creating {}", subdir.display()))?;
+        Ok(Scratch {
+            file: cstring(file.as_os_str())?,
+            subdir: cstring(subdir.as_os_str())?,
+            dir,
+        })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Everything the child needs, built before fork.
+pub struct Prepared {
+    pub display: String,
+    path: CString,
+    _argv: Vec<CString>,
+    _envp: Vec<CString>,
+    argv_ptrs: Vec<*const c_char>,
+    envp_ptrs: Vec<*const c_char>,
+    filter: CompiledFilter,
+    hides: Vec<CString>,
+    denies: Vec<DenyMount>,
+    scratch: Option<Scratch>,
+    pin_cpu: Option<usize>,
+}
+
+fn cstring(s: &OsStr) -> anyhow::Result<CString> {
+    CString::new(s.as_bytes()).map_err(|_| anyhow!("`{}` contains a NUL byte", s.to_string_lossy()))
+}
+
+fn ptrs(v: &[CString]) -> Vec<*const c_char> {
+    v.iter()
+        .map(|c| c.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+pub fn prepare(
+    program: &Path,
+    command: &[OsString],
+    policy: &Policy,
+    pin: Pin,
+) -> anyhow::Result<Prepared> {
+    let path = cstring(program.as_os_str())?;
+    let argv = command
+        .iter()
+        .map(|a| cstring(a))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let envp = std::env::vars_os()
+        .map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            cstring(OsStr::from_bytes(&kv))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let filter = policy
+        .filter_spec()
+        .compile()
+        .context("compiling the seccomp filter")?;
+    let hides = policy
+        .served()
+        .iter()
+        .map(|s| cstring(s.dir.as_os_str()))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut denies = Vec::new();
+    for p in policy.denied_paths() {
+        match std::fs::symlink_metadata(p) {
+            Ok(m) => denies.push(DenyMount {
+                target: cstring(p.as_os_str())?,
+                is_dir: m.is_dir(),
+            }),
+            // Nothing there to protect: the path rule alone answers calls on it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::debug!(path = %p.display(), "denied path does not exist; no over-mount")
+            }
+            Err(e) => return Err(e).with_context(|| format!("denied path {}", p.display())),
+        }
+    }
+    let scratch = if denies.is_empty() {
+        None
+    } else {
+        Some(Scratch::create()?)
+    };
+    let pin_cpu = match pin {
+        Pin::Off => None,
+        Pin::Shared => sys::current_cpu(),
+    };
+    let (argv_ptrs, envp_ptrs) = (ptrs(&argv), ptrs(&envp));
+    Ok(Prepared {
+        display: program.display().to_string(),
+        path,
+        _argv: argv,
+        _envp: envp,
+        argv_ptrs,
+        envp_ptrs,
+        filter,
+        hides,
+        denies,
+        scratch,
+        pin_cpu,
+    })
+}
+
+/// Child → parent messages on the status pipe: (tag, value), 8 bytes each.
+const MSG_LISTENER: u32 = 0;
+const STAGES: &[&str] = &[
+    "listener",
+    "unshare(CLONE_NEWNS)",
+    "making / private",
+    "hiding a served directory",
+    "over-mounting a denied path",
+    "setting CPU affinity",
+    "installing the seccomp filter",
+    "waiting for the supervisor",
+    "execve",
+];
+const STAGE_UNSHARE: u32 = 1;
+const STAGE_PRIVATE: u32 = 2;
+const STAGE_HIDE: u32 = 3;
+const STAGE_DENY: u32 = 4;
+const STAGE_AFFINITY: u32 = 5;
+const STAGE_FILTER: u32 = 6;
+const STAGE_HANDOFF: u32 = 7;
+pub const STAGE_EXEC: u32 = 8;
+
+fn send(fd: &OwnedFd, tag: u32, value: i32) {
+    let mut msg = [0u8; 8];
+    msg[..4].copy_from_slice(&tag.to_ne_bytes());
+    msg[4..].copy_from_slice(&value.to_ne_bytes());
+    let _ = nix::unistd::write(fd, &msg);
+}
+
+/// Read one 8-byte message; `None` on EOF (the child exec'd or died).
+pub fn recv_msg(fd: &OwnedFd) -> Option<(u32, i32)> {
+    let mut msg = [0u8; 8];
+    let mut got = 0;
+    while got < msg.len() {
+        match nix::unistd::read(fd, &mut msg[got..]) {
+            Ok(0) => return None,
+            Ok(n) => got += n,
+            Err(Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    }
+    let tag = u32::from_ne_bytes(msg[..4].try_into().expect("4 bytes"));
+    let value = i32::from_ne_bytes(msg[4..].try_into().expect("4 bytes"));
+    Some((tag, value))
+}
+
+pub fn describe_stage(stage: u32, errno: i32) -> String {
+    let what = STAGES.get(stage as usize).copied().unwrap_or("setup");
+    format!(
+        "{what} failed in the child: {}",
+        Errno::from_raw(errno).desc()
+    )
+}
+
+/// The started child: its listener is ours; it waits for [`Child::go`] before execve.
+pub struct Child {
+    pub pid: i32,
+    pub display: String,
+    pub listener: OwnedFd,
+    status_rx: OwnedFd,
+    go_tx: OwnedFd,
+}
+
+impl Child {
+    /// Let the child execve (the notification thread must be running: execve is notified).
+    /// Returns the exec failure (errno) if there was one.
+    pub fn go(self) -> Result<(), i32> {
+        let _ = nix::unistd::write(&self.go_tx, b"g");
+        drop(self.go_tx);
+        match recv_msg(&self.status_rx) {
+            Some((STAGE_EXEC, errno)) => Err(errno),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &SigSet) -> ! {
+    let _ = old_mask.thread_set_mask();
+    let _ = sys::set_parent_death_kill();
+    let fail = |stage: u32, e: Errno| -> ! {
+        send(status_tx, stage, e as i32);
+        sys::exit_child(125)
+    };
+    if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
+        fail(STAGE_UNSHARE, e)
+    }
+    if let Err(e) = mount(
+        None::<&CStr>,
+        c"/",
+        None::<&CStr>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&CStr>,
+    ) {
+        fail(STAGE_PRIVATE, e)
+    }
+    for dir in &p.hides {
+        if let Err(e) = mount(
+            Some(c"tmpfs"),
+            dir.as_c_str(),
+            Some(c"tmpfs"),
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some(c"mode=0555,size=4k"),
+        ) {
+            fail(STAGE_HIDE, e)
+        }
+    }
+    if let Some(scratch) = &p.scratch {
+        for d in &p.denies {
+            let src = if d.is_dir {
+                scratch.subdir.as_c_str()
+            } else {
+                scratch.file.as_c_str()
+            };
+            let bind = mount(
+                Some(src),
+                d.target.as_c_str(),
+                None::<&CStr>,
+                MsFlags::MS_BIND,
+                None::<&CStr>,
+            )
+            .and_then(|()| {
+                mount(
+                    None::<&CStr>,
+                    d.target.as_c_str(),
+                    None::<&CStr>,
+                    MsFlags::MS_BIND
+                        | MsFlags::MS_REMOUNT
+                        | MsFlags::MS_RDONLY
+                        | MsFlags::MS_NOSUID
+                        | MsFlags::MS_NODEV,
+                    None::<&CStr>,
+                )
+            });
+            if let Err(e) = bind {
+                fail(STAGE_DENY, e)
+            }
+        }
+    }
+    if let Some(cpu) = p.pin_cpu {
+        let mut set = nix::sched::CpuSet::new();
+        let r = set
+            .set(cpu)
+            .and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
+        if let Err(e) = r {
+            fail(STAGE_AFFINITY, e)
+        }
+    }
+    // From here on the filter applies: only read/write/close (allowed by every profile) until
+    // execve, which is notified and answered by the parent's notification thread.
+    let listener = match p.filter.install() {
+        Ok(fd) => fd,
+        Err(e) => fail(STAGE_FILTER, e),
+    };
+    send(status_tx, MSG_LISTENER, listener.as_raw_fd());
+    let mut b = [0u8; 1];
+    match nix::unistd::read(go_rx, &mut b) {
+        Ok(1) => {}
+        Ok(_) => sys::exit_child(125),
+        Err(e) => fail(STAGE_HANDOFF, e),
+    }
+    drop(listener);
+    let e = sys::execve(&p.path, &p.argv_ptrs, &p.envp_ptrs);
+    send(status_tx, STAGE_EXEC, e as i32);
+    sys::exit_child(if e == Errno::ENOENT { 127 } else { 126 })
+}
+
+/// Fork the child, let it set itself up, and take its listener. Must run while this process has
+/// one thread.
+pub fn spawn(p: Prepared) -> Result<Child, Failure> {
+    sys::set_child_subreaper().context("PR_SET_CHILD_SUBREAPER")?;
+    let old_mask = handled_signals()
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .context("blocking signals")?;
+    let (status_rx, status_tx) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
+    let (go_rx, go_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
+    let pid = sys::fork().context("fork")?;
+    if pid == 0 {
+        drop(status_rx);
+        drop(go_tx);
+        child_main(&p, &status_tx, &go_rx, &old_mask)
+    }
+    drop(status_tx);
+    drop(go_rx);
+    let setup_failed = |msg: String| -> Failure {
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        anyhow!("cannot start {}: {msg}", p.display).into()
+    };
+    let fd = match recv_msg(&status_rx) {
+        Some((MSG_LISTENER, fd)) => fd,
+        Some((stage, errno)) => return Err(setup_failed(describe_stage(stage, errno))),
+        None => return Err(setup_failed("the child exited during setup".into())),
+    };
+    let pidfd = sys::pidfd_open(pid).context("pidfd_open")?;
+    let listener = sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| {
+        setup_failed(format!(
+            "taking the seccomp listener (pidfd_getfd): {}",
+            e.desc()
+        ))
+    })?;
+    Ok(Child {
+        pid,
+        display: p.display.clone(),
+        listener,
+        status_rx,
+        go_tx,
+    })
+    // `p` (with the scratch bind sources) drops here: the child's mounts are made (the listener
+    // only comes after them) and keep the inodes alive.
+}

@@ -1,0 +1,239 @@
+//! The event loop. A dedicated thread receives notifications eagerly and answers each on the
+//! spot (continue/errno immediately; served opens/stats are a few host syscalls); anything slow
+//! is handed to [`crate::serve::Deferred`] workers. The main thread reaps children (we are a
+//! subreaper, so orphans come back to us), forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to the child,
+//! and ends once every process using the filter is gone (no children left, listener POLLHUP).
+#![forbid(unsafe_code)]
+
+use crate::handlers::{self, CallInfo, Reply};
+use crate::policy::{Kind, Policy};
+use crate::serve::{Deferred, LocalDirs, Resolver};
+use crate::spawn::{handled_signals, Child};
+use crate::stats::{self, Decision, Stats, TraceSink, MAX_SYSCALL};
+use crate::{sys, Failure, Pin};
+use anyhow::{anyhow, Context as _};
+use nix::errno::Errno;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use notify::{Listener, Notification, Response};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// State shared by the receive thread and serve workers.
+pub struct Shared {
+    pub listener: Listener,
+    pub policy: Policy,
+    pub resolver: Box<dyn Resolver>,
+    pub deferred: Deferred,
+    kinds: Vec<Option<Kind>>,
+    names: Vec<String>,
+    stats: Stats,
+    trace: Option<TraceSink>,
+    /// Whether to time calls and keep paths (only with --trace or --stats).
+    pub timing: bool,
+}
+
+/// The single place an outcome becomes the kernel's answer. A target that went away meanwhile
+/// (`Gone`) is normal.
+pub fn answer(listener: &Listener, id: u64, result: Result<Reply, Errno>) {
+    let resp = match result {
+        Ok(Reply::Answered) => return,
+        Ok(Reply::Respond(r)) => r,
+        Err(e) => Response::Errno(e as i32),
+    };
+    match listener.respond(id, resp) {
+        Ok(()) | Err(notify::NotifyError::Gone { .. }) => {}
+        Err(e) => tracing::warn!("answering notification {id}: {e}"),
+    }
+}
+
+struct LoopState {
+    info: CallInfo,
+    refused_logged: Vec<bool>,
+}
+
+fn handle(sh: &Arc<Shared>, st: &mut LoopState, n: &Notification) {
+    let t0 = sh.timing.then(Instant::now);
+    st.info.reset();
+    let nr = usize::try_from(n.syscall).ok().filter(|&i| i < MAX_SYSCALL);
+    let kind = nr.and_then(|i| sh.kinds[i]);
+    let result = match kind {
+        Some(Kind::Path(spec)) => handlers::path_call(sh, n, spec, &mut st.info),
+        Some(Kind::Refused(errno)) => {
+            if let Some(i) = nr {
+                if !st.refused_logged[i] {
+                    st.refused_logged[i] = true;
+                    tracing::warn!("denied {} (pid {})", sh.names[i], n.pid);
+                }
+            }
+            st.info.decision = Some(Decision::Refused(errno));
+            Err(Errno::from_raw(errno))
+        }
+        None => {
+            // The filter never notifies this; refuse loudly rather than guess.
+            tracing::error!(
+                "unexpected notification for syscall {} (pid {}): refused",
+                n.syscall,
+                n.pid
+            );
+            st.info.decision = Some(Decision::Refused(libc::EPERM));
+            Err(Errno::EPERM)
+        }
+    };
+    answer(&sh.listener, n.id, result);
+    if let Some(t0) = t0 {
+        let nanos = t0.elapsed().as_nanos() as u64;
+        let d = st.info.decision.unwrap_or(Decision::Continue);
+        sh.stats.record(n.syscall, d, nanos);
+        if let Some(tr) = &sh.trace {
+            let name = nr.map(|i| sh.names[i].as_str()).unwrap_or("?");
+            tr.line(n.pid, name, st.info.path.as_deref(), d, nanos / 1000);
+        }
+    }
+}
+
+fn receive_loop(sh: Arc<Shared>, pin_cpu: Option<usize>) {
+    if let Some(cpu) = pin_cpu {
+        let mut set = nix::sched::CpuSet::new();
+        let r = set
+            .set(cpu)
+            .and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
+        if let Err(e) = r {
+            tracing::warn!("pinning the notification thread to CPU {cpu}: {e}");
+        }
+    }
+    let mut st = LoopState {
+        info: CallInfo::default(),
+        refused_logged: vec![false; MAX_SYSCALL],
+    };
+    loop {
+        match sh.listener.recv() {
+            Ok(n) => handle(&sh, &mut st, &n),
+            Err(e) => {
+                // Only a broken listener gets here; the main thread ends the run by reaping.
+                tracing::debug!("receive loop ends: {e}");
+                return;
+            }
+        }
+    }
+}
+
+fn exit_code(status: WaitStatus) -> Option<u8> {
+    match status {
+        WaitStatus::Exited(_, code) => Some(code as u8),
+        WaitStatus::Signaled(_, sig, _) => Some(128u8.wrapping_add(sig as i32 as u8)),
+        _ => None,
+    }
+}
+
+/// Reap until no child is left; forward terminating signals to the main child.
+fn wait_all(main_pid: i32) -> anyhow::Result<u8> {
+    let set = handled_signals();
+    let mut main_status = None;
+    loop {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(status) => {
+                    if status.pid().map(|p| p.as_raw()) == Some(main_pid) {
+                        if let Some(c) = exit_code(status) {
+                            main_status = Some(c);
+                        }
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::ECHILD) => {
+                    return main_status.ok_or_else(|| anyhow!("lost the child's exit status"))
+                }
+                Err(e) => return Err(e).context("waitpid"),
+            }
+        }
+        let (sig, code) = match sys::sigwaitinfo(&set) {
+            Ok(v) => v,
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e).context("sigwaitinfo"),
+        };
+        if sig == libc::SIGCHLD {
+            continue;
+        }
+        // A terminal's ^C reaches the whole foreground group (SI_KERNEL): the child has it.
+        if code != libc::SI_KERNEL {
+            if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(main_pid), s);
+            }
+        }
+    }
+}
+
+/// Run the loop for `child` until every supervised process is gone; returns the exit status a
+/// shell would report for the main child.
+pub fn supervise(
+    child: Child,
+    policy: Policy,
+    trace: Option<TraceSink>,
+    want_stats: bool,
+    pin: Pin,
+) -> Result<u8, Failure> {
+    let started = Instant::now();
+    let (kinds, warnings) = policy.kinds(MAX_SYSCALL)?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    let names = (0..MAX_SYSCALL as i32).map(stats::syscall_name).collect();
+    let listener = Listener::from_fd(child.listener.try_clone().context("dup listener")?);
+    match listener.set_sync_wakeup() {
+        Ok(()) => tracing::debug!("SYNC_WAKE_UP set on the listener"),
+        Err(e) => tracing::warn!(
+            "SYNC_WAKE_UP unsupported ({e}): each notification pays a cross-CPU wakeup"
+        ),
+    }
+    let sh = Arc::new(Shared {
+        listener,
+        policy,
+        resolver: Box::new(LocalDirs),
+        deferred: Deferred::default(),
+        kinds,
+        names,
+        stats: Stats::new(),
+        timing: want_stats || trace.is_some(),
+        trace,
+    });
+    let pin_cpu = match pin {
+        Pin::Off => None,
+        Pin::Shared => sys::current_cpu(),
+    };
+    let sh2 = Arc::clone(&sh);
+    std::thread::Builder::new()
+        .name("sigma-notify".into())
+        .spawn(move || receive_loop(sh2, pin_cpu))
+        .context("starting the notification thread")?;
+    let pid = child.pid;
+    let display = child.display.clone();
+    if let Err(errno) = child.go() {
+        let _ = wait_all(pid);
+        let e = Errno::from_raw(errno);
+        return Err(Failure {
+            error: anyhow!("cannot execute {display}: {}", e.desc()),
+            code: if e == Errno::ENOENT { 127 } else { 126 },
+        });
+    }
+    let code = wait_all(pid)?;
+    // No child is left; once the last task using the filter is released the listener hangs up.
+    let mut fds = [nix::poll::PollFd::new(
+        sh.listener.as_fd(),
+        nix::poll::PollFlags::POLLHUP,
+    )];
+    match nix::poll::poll(&mut fds, 1000u16) {
+        Ok(_)
+            if fds[0]
+                .revents()
+                .is_some_and(|r| r.contains(nix::poll::PollFlags::POLLHUP)) => {}
+        _ => tracing::warn!("the seccomp listener did not hang up after the last child exited"),
+    }
+    if let Some(tr) = &sh.trace {
+        tr.flush();
+    }
+    if want_stats {
+        eprint!("{}", sh.stats.report(started.elapsed()));
+    }
+    Ok(code)
+}

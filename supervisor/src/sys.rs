@@ -1,0 +1,127 @@
+//! The few kernel calls the supervisor makes that need `unsafe`: fork/execve, pidfd, prctl,
+//! statx, and viewing kernel-filled structs as bytes. Everything else uses `nix`'s safe wrappers.
+#![allow(unsafe_code)]
+
+use nix::errno::Errno;
+use std::ffi::{c_char, CStr};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// fork(2). Returns 0 in the child, the child's pid in the parent.
+///
+/// Only called while the process has a single thread (before the notification thread starts),
+/// so the child may use any call, though it sticks to pre-built data.
+pub fn fork() -> Result<i32, Errno> {
+    // SAFETY: the supervisor is single-threaded when it forks (spawn runs before any thread is
+    // started), so no lock (malloc, stdio) can be held by a thread that does not exist in the child.
+    let pid = unsafe { libc::fork() };
+    Errno::result(pid)
+}
+
+/// execve(2) with NULL-terminated pointer arrays built before fork. Returns only on failure.
+pub fn execve(path: &CStr, argv: &[*const c_char], envp: &[*const c_char]) -> Errno {
+    debug_assert!(argv.last().is_some_and(|p| p.is_null()));
+    debug_assert!(envp.last().is_some_and(|p| p.is_null()));
+    // SAFETY: `path` is NUL-terminated; `argv` and `envp` are NULL-terminated arrays whose
+    // entries point into CStrings owned by the caller's `Prepared`, alive until execve returns.
+    unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    Errno::last()
+}
+
+/// _exit(2): leave the forked child without running the parent's atexit handlers.
+pub fn exit_child(code: i32) -> ! {
+    // SAFETY: _exit has no preconditions; it does not return.
+    unsafe { libc::_exit(code) }
+}
+
+/// pidfd_open(2).
+pub fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = Errno::result(fd)? as RawFd;
+    // SAFETY: on success pidfd_open returns a new fd that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// pidfd_getfd(2): duplicate fd `target_fd` of the process behind `pidfd` into this process.
+pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target_fd: i32) -> Result<OwnedFd, Errno> {
+    // SAFETY: plain syscall with integer arguments; the pidfd is borrowed for the call.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target_fd, 0) };
+    let fd = Errno::result(fd)? as RawFd;
+    // SAFETY: on success pidfd_getfd returns a new fd (O_CLOEXEC) that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// prctl(PR_SET_CHILD_SUBREAPER, 1): orphaned descendants are re-parented to us.
+pub fn set_child_subreaper() -> Result<(), Errno> {
+    // SAFETY: prctl with integer arguments only.
+    Errno::result(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }).map(drop)
+}
+
+/// prctl(PR_SET_PDEATHSIG, SIGKILL): the child dies with its supervisor.
+pub fn set_parent_death_kill() -> Result<(), Errno> {
+    // SAFETY: prctl with integer arguments only.
+    Errno::result(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }).map(drop)
+}
+
+/// The CPU this thread runs on now.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu has no preconditions.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
+/// statx(2) on an fd (AT_EMPTY_PATH) with the target's sync flags and mask.
+pub fn statx_fd(fd: BorrowedFd<'_>, flags: i32, mask: u32) -> Result<libc::statx, Errno> {
+    let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `buf` is a writable statx-sized buffer; the path is a static empty C string; the fd
+    // is borrowed for the duration of the call.
+    let rc = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            flags | libc::AT_EMPTY_PATH,
+            mask,
+            buf.as_mut_ptr(),
+        )
+    };
+    Errno::result(rc)?;
+    // SAFETY: statx returned success, so the kernel filled the struct (it was zeroed before).
+    Ok(unsafe { buf.assume_init() })
+}
+
+/// Structs the kernel fills completely (padding included), safe to view as bytes.
+pub trait KernelStruct: Copy {}
+impl KernelStruct for libc::stat {}
+impl KernelStruct for libc::statx {}
+impl KernelStruct for libc::open_how {}
+
+/// The bytes of a kernel struct, to copy into the target's memory.
+pub fn struct_bytes<T: KernelStruct>(v: &T) -> &[u8] {
+    // SAFETY: `T` is a plain-old-data kernel struct whose every byte (padding included) was
+    // written by the kernel or zero-initialised; the slice borrows `v` for its lifetime.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
+/// A kernel struct from bytes read out of the target (short input is zero-extended).
+pub fn struct_from_bytes<T: KernelStruct>(bytes: &[u8]) -> T {
+    let mut v = std::mem::MaybeUninit::<T>::zeroed();
+    let n = bytes.len().min(std::mem::size_of::<T>());
+    // SAFETY: `v` is a zeroed T-sized buffer; we copy at most size_of::<T>() bytes into it; any
+    // bit pattern is a valid value for these integer-only kernel structs.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), n);
+        v.assume_init()
+    }
+}
+
+/// sigwaitinfo(2) on the blocked set: (signal number, si_code). SI_KERNEL marks signals a
+/// terminal sent to the whole foreground group (the child already got them).
+pub fn sigwaitinfo(set: &nix::sys::signal::SigSet) -> Result<(i32, i32), Errno> {
+    let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
+    // SAFETY: `set` is a valid sigset_t for the call; `info` is a writable siginfo_t.
+    let rc = unsafe { libc::sigwaitinfo(set.as_ref(), info.as_mut_ptr()) };
+    let signo = Errno::result(rc)?;
+    // SAFETY: sigwaitinfo succeeded, so the kernel filled `info`.
+    let info = unsafe { info.assume_init() };
+    Ok((signo, info.si_code))
+}
