@@ -1,1 +1,28 @@
+//! sigma-fetcher: lazy, verified, once-only library fetch from an object store into a
+//! per-realm cache.
+//!
+//! * [`store`] — the async [`Store`] trait with S3, local-directory and in-memory backends.
+//! * [`index`] — the bucket index: top-level names → packages, sha256/size of every file.
+//! * [`publish`] — build package archives from wheels or directories and upload them, index last.
+//! * [`cache`] — [`RealmCache`]: per-realm lib dirs over a shared content-addressed store.
+//!
+//! See `fetcher/README.md` for the bucket layout and the reasoning behind it.
 #![forbid(unsafe_code)]
+
+pub mod cache;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod index;
+mod progress;
+pub mod publish;
+mod retry;
+pub mod store;
+mod wheel;
+
+pub use cache::{default_cache_root, CacheStats, EnsureOutcome, RealmCache};
+pub use config::FetchConfig;
+pub use error::{FetchError, Result};
+pub use index::Index;
+pub use publish::{publish, PublishReport, PublishSource};
+pub use store::{open_store, Store, StoreOptions};

@@ -1,0 +1,909 @@
+//! The realm cache: packages installed lazily, verified, once, into a per-realm lib dir.
+//!
+//! ```text
+//! <root>/cas/<sha256>                         every verified file, read-only, stored once
+//! <root>/realms/<realm>/lib/<entries>         what the target sees (hard links into cas/)
+//! <root>/realms/<realm>/index.json            the realm's snapshot of the bucket index
+//! <root>/realms/<realm>/state/<pkg>.installed marker: the package is complete
+//! <root>/realms/<realm>/state/<pkg>.pending   entries being renamed into lib/ (crash journal)
+//! <root>/realms/<realm>/state/<pkg>.lock      flock: one installer per package per machine
+//! <root>/realms/<realm>/staging/<pkg>.<pid>.<rand>/   downloads and the staged tree
+//! ```
+//!
+//! Install: download the archive to a staging name while hashing it → verify its sha256 and
+//! size → unpack, hashing every file against the index → fsync → link into `cas/` → hard-link
+//! from `cas/` into a staged tree → journal → rename each top-level entry into `lib/` → fsync
+//! `lib/` → write the marker. A killed install leaves only staging files and possibly a journal;
+//! both are cleaned (and journaled entries removed) before the next install of that package.
+//!
+//! Single flight: an in-process async mutex per package, then an exclusive `flock` on the
+//! package's lock file (other processes and supervisors), then a re-check of the marker.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::error::IoContext;
+use crate::index::{Encoding, Index, Package, INDEX_KEY};
+use crate::progress::Progress;
+use crate::store::{get_bytes, local::write_atomic, next_chunk, Store};
+use crate::{FetchConfig, FetchError, Result};
+
+/// The default cache root: `$XDG_CACHE_HOME/sigma-supervise`, else `~/.cache/sigma-supervise`.
+pub fn default_cache_root() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("sigma-supervise");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache").join("sigma-supervise")
+}
+
+/// What [`RealmCache::ensure`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnsureOutcome {
+    /// Normalised distribution name of the package that provides the name.
+    pub package: String,
+    /// The lib-dir entry for the requested name (`<lib>/numpy`, `<lib>/six.py`); for a name
+    /// that is not itself an entry (e.g. `numpy.core`), the package's first entry.
+    pub dir: PathBuf,
+    /// True if this call downloaded the package (false: it was installed already, possibly by
+    /// another task or process, or every file was already in the shared CAS).
+    pub fetched: bool,
+    /// True if this call installed the package into the realm (downloaded or linked from CAS).
+    pub installed: bool,
+    /// Bytes downloaded by this call.
+    pub bytes: u64,
+}
+
+/// Counters of one [`RealmCache`] (this process only).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Packages downloaded.
+    pub packages_fetched: u64,
+    /// Packages installed into the realm (downloaded or linked from the CAS).
+    pub packages_installed: u64,
+    /// Bytes downloaded (archives and index).
+    pub bytes_fetched: u64,
+    /// GET requests made (index and archives).
+    pub gets: u64,
+    /// `ensure` calls answered without installing anything.
+    pub cache_hits: u64,
+    /// Wall time spent inside installs (download, verify, link).
+    pub fetch_time: Duration,
+}
+
+#[derive(Default)]
+struct Counters {
+    packages_fetched: AtomicU64,
+    packages_installed: AtomicU64,
+    bytes_fetched: AtomicU64,
+    gets: AtomicU64,
+    cache_hits: AtomicU64,
+    fetch_nanos: AtomicU64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Marker {
+    package: String,
+    version: String,
+    archive_sha256: String,
+    entries: Vec<String>,
+}
+
+/// One realm's view of the library bucket, installed on demand under a shared cache root.
+pub struct RealmCache {
+    root: PathBuf,
+    realm: String,
+    realm_dir: PathBuf,
+    lib: PathBuf,
+    store: Arc<dyn Store>,
+    cfg: FetchConfig,
+    index: tokio::sync::OnceCell<Arc<Index>>,
+    /// Packages known complete in this realm.
+    installed: Mutex<HashSet<String>>,
+    /// One async mutex per package: tasks of this process install one at a time.
+    inflight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for RealmCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealmCache")
+            .field("root", &self.root)
+            .field("realm", &self.realm)
+            .field("store", &self.store.name())
+            .finish()
+    }
+}
+
+fn check_realm(realm: &str) -> Result<()> {
+    let ok = !realm.is_empty()
+        && !realm.starts_with('.')
+        && realm.len() <= 128
+        && realm
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(FetchError::invalid(
+            format!("realm {realm:?}"),
+            "realm names use letters, digits, '.', '_', '-' and do not start with '.'",
+        ))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The guarded maps are updated by single inserts; a panic cannot leave them inconsistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .ctx("fsync dir", dir)
+}
+
+fn pid_alive(pid: i32) -> bool {
+    use nix::errno::Errno;
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(Errno::ESRCH) => false,
+        Err(_) => true,
+    }
+}
+
+impl RealmCache {
+    /// Open (creating if needed) the realm `realm` under the cache root `root`, backed by
+    /// `store`. Removes staging leftovers of processes that no longer exist. No network access.
+    pub fn open(
+        root: impl Into<PathBuf>,
+        realm: &str,
+        store: Arc<dyn Store>,
+        cfg: FetchConfig,
+    ) -> Result<RealmCache> {
+        check_realm(realm)?;
+        let root = root.into();
+        let realm_dir = root.join("realms").join(realm);
+        let lib = realm_dir.join("lib");
+        for d in [
+            root.join("cas"),
+            lib.clone(),
+            realm_dir.join("state"),
+            realm_dir.join("staging"),
+        ] {
+            std::fs::create_dir_all(&d).ctx("create dir", &d)?;
+        }
+        let cache = RealmCache {
+            root,
+            realm: realm.to_owned(),
+            realm_dir,
+            lib,
+            store,
+            cfg,
+            index: tokio::sync::OnceCell::new(),
+            installed: Mutex::new(HashSet::new()),
+            inflight: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        };
+        cache.sweep_dead_staging()?;
+        Ok(cache)
+    }
+
+    /// The realm's lib dir (what the supervisor serves to the target).
+    pub fn lib_dir(&self) -> PathBuf {
+        self.lib.clone()
+    }
+
+    /// The realm name.
+    pub fn realm(&self) -> &str {
+        &self.realm
+    }
+
+    /// The store this realm fetches from.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Counters of this cache object.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.counters;
+        CacheStats {
+            packages_fetched: c.packages_fetched.load(Ordering::Relaxed),
+            packages_installed: c.packages_installed.load(Ordering::Relaxed),
+            bytes_fetched: c.bytes_fetched.load(Ordering::Relaxed),
+            gets: c.gets.load(Ordering::Relaxed),
+            cache_hits: c.cache_hits.load(Ordering::Relaxed),
+            fetch_time: Duration::from_nanos(c.fetch_nanos.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// The realm's index. The first call in a realm downloads the bucket's index and keeps it
+    /// as the realm's snapshot (`index.json`, first writer wins), so every process of a realm
+    /// sees the same set of packages and a warm realm needs no network at all.
+    pub async fn index(&self) -> Result<Arc<Index>> {
+        self.index
+            .get_or_try_init(|| async {
+                let path = self.realm_dir.join("index.json");
+                match std::fs::read(&path) {
+                    Ok(data) => return Ok(Arc::new(Index::from_json(self.store.name(), &data)?)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(FetchError::io("read", path, e)),
+                }
+                self.counters.gets.fetch_add(1, Ordering::Relaxed);
+                let data = get_bytes(self.store.as_ref(), INDEX_KEY, &self.cfg).await?;
+                self.counters
+                    .bytes_fetched
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                Index::from_json(self.store.name(), &data)?;
+                let data = persist_first(&path, &data)?;
+                Ok(Arc::new(Index::from_json(self.store.name(), &data)?))
+            })
+            .await
+            .cloned()
+    }
+
+    /// Make sure the package providing `name` (an import name such as `numpy` or `numpy.core`,
+    /// or a top-level entry such as `six.py`, `numpy.libs`, `numpy-2.1.3.dist-info`) is installed
+    /// and verified in this realm. Exactly one download happens machine-wide for concurrent
+    /// first calls.
+    pub async fn ensure(&self, name: &str) -> Result<EnsureOutcome> {
+        let index = self.index().await?;
+        let pkg = index
+            .package_for_name(name)
+            .ok_or_else(|| FetchError::NoSuchPackage {
+                bucket: self.store.name().to_owned(),
+                name: name.to_owned(),
+            })?;
+        let first = name.split('.').next().unwrap_or(name);
+        let entry = pkg
+            .top_level
+            .iter()
+            .find(|e| *e == name)
+            .or_else(|| {
+                pkg.top_level.iter().find(|e| {
+                    let is_dir = pkg
+                        .files
+                        .iter()
+                        .any(|f| f.path.starts_with(&format!("{e}/")));
+                    crate::index::import_name_of(e, is_dir) == Some(first)
+                })
+            })
+            .unwrap_or(&pkg.top_level[0]);
+        let dir = self.lib.join(&entry);
+        let hit = |cache: &Self| {
+            cache.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            EnsureOutcome {
+                package: pkg.name.clone(),
+                dir: dir.clone(),
+                fetched: false,
+                installed: false,
+                bytes: 0,
+            }
+        };
+        if lock(&self.installed).contains(&pkg.name) {
+            return Ok(hit(self));
+        }
+        let gate = lock(&self.inflight)
+            .entry(pkg.name.clone())
+            .or_default()
+            .clone();
+        let _inproc = gate.lock().await;
+        if lock(&self.installed).contains(&pkg.name) {
+            return Ok(hit(self));
+        }
+        let lock_path = self
+            .realm_dir
+            .join("state")
+            .join(format!("{}.lock", pkg.name));
+        let _flock = flock(&lock_path).await?;
+        if self.marker_path(&pkg.name).exists() {
+            lock(&self.installed).insert(pkg.name.clone());
+            return Ok(hit(self));
+        }
+        let start = Instant::now();
+        let bytes = self.install(pkg).await?;
+        self.counters
+            .fetch_nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.counters
+            .packages_installed
+            .fetch_add(1, Ordering::Relaxed);
+        lock(&self.installed).insert(pkg.name.clone());
+        Ok(EnsureOutcome {
+            package: pkg.name.clone(),
+            dir,
+            fetched: bytes.is_some(),
+            installed: true,
+            bytes: bytes.unwrap_or(0),
+        })
+    }
+
+    /// [`ensure`](Self::ensure) the package owning a path under the lib dir
+    /// (`numpy/core/x.py`); `Ok(None)` if no package owns it.
+    pub async fn ensure_path(&self, rel: &Path) -> Result<Option<EnsureOutcome>> {
+        let index = self.index().await?;
+        match index.package_for_path(rel) {
+            Some(pkg) => {
+                let name = pkg.top_level[0].clone();
+                drop(index);
+                self.ensure(&name).await.map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Whether the package is completely installed in this realm (no network access).
+    pub fn is_installed(&self, package: &str) -> bool {
+        lock(&self.installed).contains(package) || self.marker_path(package).exists()
+    }
+
+    fn marker_path(&self, pkg: &str) -> PathBuf {
+        self.realm_dir
+            .join("state")
+            .join(format!("{pkg}.installed"))
+    }
+
+    fn pending_path(&self, pkg: &str) -> PathBuf {
+        self.realm_dir.join("state").join(format!("{pkg}.pending"))
+    }
+
+    fn cas_path(&self, sha: &str) -> PathBuf {
+        self.root.join("cas").join(sha)
+    }
+
+    /// Remove staging dirs whose owning process is gone (name: `<pkg>.<pid>.<rand>`).
+    fn sweep_dead_staging(&self) -> Result<()> {
+        let staging = self.realm_dir.join("staging");
+        for e in std::fs::read_dir(&staging).ctx("list", &staging)? {
+            let e = e.ctx("list", &staging)?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .rsplitn(3, '.')
+                .nth(1)
+                .and_then(|p| p.parse::<i32>().ok());
+            if pid.is_some_and(|p| p != std::process::id() as i32 && !pid_alive(p)) {
+                remove_any(&e.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Called with the package lock held: undo what a killed install of `pkg` left.
+    fn recover(&self, pkg: &str) -> Result<()> {
+        let pending = self.pending_path(pkg);
+        match std::fs::read(&pending) {
+            Ok(data) => {
+                let entries: Vec<String> = serde_json::from_slice(&data).unwrap_or_default();
+                for entry in entries {
+                    if crate::index::check_rel_path(&entry).is_ok() && !entry.contains('/') {
+                        remove_any(&self.lib.join(entry))?;
+                    }
+                }
+                fsync_dir(&self.lib)?;
+                std::fs::remove_file(&pending).ctx("remove", &pending)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(FetchError::io("read", pending, e)),
+        }
+        let staging = self.realm_dir.join("staging");
+        let prefix = format!("{pkg}.");
+        for e in std::fs::read_dir(&staging).ctx("list", &staging)? {
+            let e = e.ctx("list", &staging)?;
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                remove_any(&e.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Install `pkg` (package lock held). Returns the bytes downloaded, or `None` if every file
+    /// was already in the CAS.
+    async fn install(&self, pkg: &Package) -> Result<Option<u64>> {
+        self.recover(&pkg.name)?;
+        let stage = self.realm_dir.join("staging").join(format!(
+            "{}.{}.{:08x}",
+            pkg.name,
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        std::fs::create_dir(&stage).ctx("create dir", &stage)?;
+        let result = self.install_staged(pkg, &stage).await;
+        // Staging is private to this install; whatever happened, it goes.
+        let _ = remove_any(&stage);
+        result
+    }
+
+    async fn install_staged(&self, pkg: &Package, stage: &Path) -> Result<Option<u64>> {
+        let missing = pkg
+            .files
+            .iter()
+            .filter(|f| !cas_has(&self.cas_path(&f.sha256), f.size))
+            .count();
+        let mut downloaded = None;
+        if missing > 0 {
+            let archive_path = stage.join("archive");
+            let n = self.download_archive(pkg, &archive_path).await?;
+            downloaded = Some(n);
+            let (pkg2, root, stage2) = (pkg.clone(), self.root.clone(), stage.to_owned());
+            tokio::task::spawn_blocking(move || {
+                unpack_to_cas(&pkg2, &archive_path, &root, &stage2)
+            })
+            .await
+            .map_err(|e| FetchError::invalid("unpack", e))??;
+            self.counters
+                .packages_fetched
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let (pkg2, root, stage2, lib) = (
+            pkg.clone(),
+            self.root.clone(),
+            stage.to_owned(),
+            self.lib.clone(),
+        );
+        let marker = self.marker_path(&pkg.name);
+        let pending = self.pending_path(&pkg.name);
+        tokio::task::spawn_blocking(move || {
+            let tree = stage2.join("tree");
+            link_tree(&pkg2, &root, &tree)?;
+            write_atomic(
+                &pending,
+                &serde_json::to_vec(&pkg2.top_level).unwrap_or_default(),
+            )?;
+            for entry in &pkg2.top_level {
+                let dst = lib.join(entry);
+                // Only a stale leftover can be here (no marker, lock held): replace it.
+                remove_any(&dst)?;
+                std::fs::rename(tree.join(entry), &dst).ctx("rename into", &dst)?;
+            }
+            fsync_dir(&lib)?;
+            let m = Marker {
+                package: pkg2.name.clone(),
+                version: pkg2.version.clone(),
+                archive_sha256: pkg2.archive.sha256.clone(),
+                entries: pkg2.top_level.clone(),
+            };
+            write_atomic(&marker, &serde_json::to_vec_pretty(&m).unwrap_or_default())?;
+            std::fs::remove_file(&pending).ctx("remove", &pending)?;
+            Ok::<_, FetchError>(())
+        })
+        .await
+        .map_err(|e| FetchError::invalid("install", e))??;
+        Ok(downloaded)
+    }
+
+    /// GET the package archive into `dest`, hashing as it arrives; verify sha256 and size.
+    async fn download_archive(&self, pkg: &Package, dest: &Path) -> Result<u64> {
+        let a = &pkg.archive;
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        let obj = self.store.get(&a.key).await?;
+        let mismatch = |got: String| FetchError::IntegrityMismatch {
+            file: format!("{}/{}", self.store.name(), a.key),
+            expected: format!("sha256 {} size {}", a.sha256, a.size),
+            got,
+        };
+        if let Some(size) = obj.size {
+            if size != a.size {
+                return Err(mismatch(format!("size {size}")));
+            }
+        }
+        let mut file = tokio::fs::File::create(dest).await.ctx("create", dest)?;
+        let mut hasher = Sha256::new();
+        let mut n = 0u64;
+        let mut body = obj.body;
+        let mut progress = Progress::new(
+            self.cfg.progress,
+            self.cfg.progress_after,
+            &format!("fetch {}", pkg.name),
+            a.size,
+        );
+        while let Some(chunk) =
+            next_chunk(self.store.name(), &mut body, self.cfg.read_timeout).await?
+        {
+            n += chunk.len() as u64;
+            self.counters
+                .bytes_fetched
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            if n > a.size {
+                return Err(mismatch(format!("more than {} bytes", a.size)));
+            }
+            hasher.update(&chunk);
+            file.write_all(&chunk).await.ctx("write", dest)?;
+            progress.advance(chunk.len() as u64);
+        }
+        let got = hex::encode(hasher.finalize());
+        if n != a.size || got != a.sha256 {
+            return Err(mismatch(format!("sha256 {got} size {n}")));
+        }
+        file.sync_all().await.ctx("fsync", dest)?;
+        Ok(n)
+    }
+}
+
+/// Write `data` at `path` unless a file is already there; return what ends up there.
+fn persist_first(path: &Path, data: &[u8]) -> Result<Vec<u8>> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .ctx("create temp file in", dir)?;
+    tmp.write_all(data).ctx("write", tmp.path())?;
+    tmp.as_file().sync_all().ctx("fsync", tmp.path())?;
+    match std::fs::hard_link(tmp.path(), path) {
+        Ok(()) => {
+            fsync_dir(dir)?;
+            Ok(data.to_vec())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::read(path).ctx("read", path)
+        }
+        Err(e) => Err(FetchError::io("link", path, e)),
+    }
+}
+
+fn cas_has(path: &Path, size: u64) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == size)
+}
+
+fn remove_any(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path).ctx("remove", path),
+        Ok(_) => std::fs::remove_file(path).ctx("remove", path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(FetchError::io("stat", path, e)),
+    }
+}
+
+/// Take the package's file lock (blocking in a worker thread). Released on drop.
+async fn flock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .ctx("open lock", &path)?;
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, errno)| FetchError::io("flock", &path, errno.into()))
+    })
+    .await
+    .map_err(|e| FetchError::invalid("flock", e))?
+}
+
+/// Unpack a verified archive: every entry must be a regular file the index lists, with the
+/// listed sha256 and size; each is fsynced and linked into the CAS. Every listed file must be
+/// present. Runs in a blocking thread.
+fn unpack_to_cas(pkg: &Package, archive: &Path, root: &Path, stage: &Path) -> Result<()> {
+    let expected: HashMap<&str, (&str, u64)> = pkg
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), (f.sha256.as_str(), f.size)))
+        .collect();
+    let file = std::fs::File::open(archive).ctx("open", archive)?;
+    let reader: Box<dyn Read> = match pkg.archive.encoding {
+        Encoding::TarZstd => Box::new(zstd::Decoder::new(file).ctx("zstd", archive)?),
+        Encoding::Tar => Box::new(file),
+    };
+    let mut tar = tar::Archive::new(reader);
+    let tmpdir = stage.join("files");
+    std::fs::create_dir(&tmpdir).ctx("create dir", &tmpdir)?;
+    let cas = root.join("cas");
+    let mut seen = HashSet::new();
+    let bad = |file: &str, expected: String, got: String| FetchError::IntegrityMismatch {
+        file: format!("{} ({})", file, pkg.archive.key),
+        expected,
+        got,
+    };
+    for (i, entry) in tar.entries().ctx("read archive", archive)?.enumerate() {
+        let mut entry = entry.ctx("read archive", archive)?;
+        let path = entry
+            .path()
+            .ctx("read archive", archive)?
+            .to_string_lossy()
+            .into_owned();
+        let kind = entry.header().entry_type();
+        if kind.is_dir() {
+            continue;
+        }
+        let Some(&(sha, size)) = expected.get(path.as_str()) else {
+            return Err(bad(
+                &path,
+                "no such file in the index".into(),
+                "present in archive".into(),
+            ));
+        };
+        if !kind.is_file() {
+            return Err(bad(&path, "regular file".into(), format!("{kind:?}")));
+        }
+        if !seen.insert(path.clone()) {
+            return Err(bad(&path, "one copy".into(), "duplicate entry".into()));
+        }
+        let tmp = tmpdir.join(i.to_string());
+        let mut out = std::fs::File::create(&tmp).ctx("create", &tmp)?;
+        let mut hasher = Sha256::new();
+        let mut n = 0u64;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let k = entry.read(&mut buf).ctx("read archive", archive)?;
+            if k == 0 {
+                break;
+            }
+            n += k as u64;
+            if n > size {
+                return Err(bad(
+                    &path,
+                    format!("size {size}"),
+                    format!("more than {size} bytes"),
+                ));
+            }
+            hasher.update(&buf[..k]);
+            out.write_all(&buf[..k]).ctx("write", &tmp)?;
+        }
+        let got = hex::encode(hasher.finalize());
+        if got != sha || n != size {
+            return Err(bad(
+                &path,
+                format!("sha256 {sha} size {size}"),
+                format!("sha256 {got} size {n}"),
+            ));
+        }
+        out.set_permissions(std::fs::Permissions::from_mode(0o444))
+            .ctx("chmod", &tmp)?;
+        out.sync_all().ctx("fsync", &tmp)?;
+        let dst = cas.join(sha);
+        match std::fs::hard_link(&tmp, &dst) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(FetchError::io("link into", dst, e)),
+        }
+        std::fs::remove_file(&tmp).ctx("remove", &tmp)?;
+    }
+    if let Some(f) = pkg.files.iter().find(|f| !seen.contains(&f.path)) {
+        return Err(bad(&f.path, "present in archive".into(), "missing".into()));
+    }
+    fsync_dir(&cas)?;
+    Ok(())
+}
+
+/// Build the package's tree under `tree` from hard links into the CAS; fsync every dir.
+fn link_tree(pkg: &Package, root: &Path, tree: &Path) -> Result<()> {
+    std::fs::create_dir(tree).ctx("create dir", tree)?;
+    let mut dirs: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
+    for f in &pkg.files {
+        let mut p = Path::new(&f.path).parent();
+        while let Some(d) = p.filter(|d| !d.as_os_str().is_empty()) {
+            if !dirs.insert(tree.join(d)) {
+                break;
+            }
+            p = d.parent();
+        }
+    }
+    // BTreeSet order puts parents before children.
+    for d in &dirs {
+        std::fs::create_dir(d).ctx("create dir", d)?;
+    }
+    for f in &pkg.files {
+        let src = root.join("cas").join(&f.sha256);
+        let dst = tree.join(&f.path);
+        std::fs::hard_link(&src, &dst).ctx("link from cas", &src)?;
+    }
+    for d in dirs.iter().rev() {
+        fsync_dir(d)?;
+    }
+    fsync_dir(tree)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::publish::{publish, PublishSource};
+    use crate::store::memory::MemoryStore;
+    use std::os::unix::fs::MetadataExt;
+
+    fn make_pkgdir(root: &Path) -> PathBuf {
+        let d = root.join("src").join("demo");
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        std::fs::write(d.join("__init__.py"), "X = 1\n").unwrap();
+        std::fs::write(d.join("sub/mod.py"), "Y = 2\n").unwrap();
+        std::fs::write(d.join("data.bin"), vec![7u8; 100_000]).unwrap();
+        d
+    }
+
+    async fn published(tmp: &Path) -> Arc<dyn Store> {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new("t"));
+        let dir = make_pkgdir(tmp);
+        publish(
+            store.as_ref(),
+            &PublishSource::PackageDir(dir),
+            &FetchConfig::default(),
+        )
+        .await
+        .unwrap();
+        store
+    }
+
+    #[tokio::test]
+    async fn ensure_installs_once_and_verifies() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let cache =
+            RealmCache::open(tmp.path().join("c"), "r1", store, FetchConfig::default()).unwrap();
+        let out = cache.ensure("demo.sub.mod").await.unwrap();
+        assert!(out.fetched && out.installed && out.bytes > 0);
+        assert_eq!(out.dir, cache.lib_dir().join("demo"));
+        assert_eq!(
+            std::fs::read_to_string(out.dir.join("sub/mod.py")).unwrap(),
+            "Y = 2\n"
+        );
+        let again = cache.ensure("demo").await.unwrap();
+        assert!(!again.fetched && !again.installed);
+        let s = cache.stats();
+        assert_eq!((s.packages_fetched, s.gets, s.cache_hits), (1, 2, 1));
+        assert!(matches!(
+            cache.ensure("nope").await.unwrap_err(),
+            FetchError::NoSuchPackage { .. }
+        ));
+        // Nothing but the package in lib/, nothing left in staging.
+        let names: Vec<_> = std::fs::read_dir(cache.lib_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("demo")]);
+        assert_eq!(
+            std::fs::read_dir(tmp.path().join("c/realms/r1/staging"))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn sixteen_tasks_one_download() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let cache = Arc::new(
+            RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap(),
+        );
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let c = cache.clone();
+                tokio::spawn(async move { c.ensure("demo").await.unwrap() })
+            })
+            .collect();
+        let mut fetched = 0;
+        for t in tasks {
+            fetched += usize::from(t.await.unwrap().fetched);
+        }
+        assert_eq!(fetched, 1);
+        let s = cache.stats();
+        assert_eq!(s.packages_fetched, 1);
+        assert_eq!(s.gets, 2, "one index GET and one archive GET");
+        assert_eq!(s.cache_hits, 15);
+    }
+
+    #[tokio::test]
+    async fn corrupted_archive_is_refused_and_nothing_installed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let idx = crate::publish::read_index(store.as_ref(), &FetchConfig::default())
+            .await
+            .unwrap();
+        let key = idx.package("demo").unwrap().archive.key.clone();
+        let mut data = get_bytes(store.as_ref(), &key, &FetchConfig::default())
+            .await
+            .unwrap()
+            .to_vec();
+        let mid = data.len() / 2;
+        data[mid] ^= 0xff;
+        store.put(&key, data.into()).await.unwrap();
+        let cache =
+            RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
+        let err = cache.ensure("demo").await.unwrap_err();
+        assert!(matches!(err, FetchError::IntegrityMismatch { .. }), "{err}");
+        assert_eq!(std::fs::read_dir(cache.lib_dir()).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_dir(tmp.path().join("c/cas")).unwrap().count(),
+            0
+        );
+        assert!(!cache.is_installed("demo"));
+    }
+
+    #[tokio::test]
+    async fn archive_that_lies_about_a_file_is_refused() {
+        // The archive matches its own recorded sha256, but a file inside does not match the index.
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let cfg = FetchConfig::default();
+        let mut idx = crate::publish::read_index(store.as_ref(), &cfg)
+            .await
+            .unwrap();
+        let mut pkg = idx.package("demo").unwrap().clone();
+        pkg.files
+            .iter_mut()
+            .find(|f| f.path == "demo/__init__.py")
+            .unwrap()
+            .sha256 = "0".repeat(64);
+        idx.insert("t", pkg).unwrap();
+        store.put(INDEX_KEY, idx.to_json().into()).await.unwrap();
+        let cache = RealmCache::open(tmp.path().join("c"), "r", store, cfg).unwrap();
+        match cache.ensure("demo").await.unwrap_err() {
+            FetchError::IntegrityMismatch { file, .. } => {
+                assert!(file.contains("demo/__init__.py"), "{file}")
+            }
+            e => panic!("{e}"),
+        }
+        assert_eq!(std::fs::read_dir(cache.lib_dir()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn two_realms_share_inodes_not_dirs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let root = tmp.path().join("c");
+        let a = RealmCache::open(&root, "a", store.clone(), FetchConfig::default()).unwrap();
+        let b = RealmCache::open(&root, "b", store, FetchConfig::default()).unwrap();
+        let oa = a.ensure("demo").await.unwrap();
+        let ob = b.ensure("demo").await.unwrap();
+        assert!(oa.fetched);
+        assert!(
+            ob.installed && !ob.fetched,
+            "second realm links from the CAS"
+        );
+        assert_ne!(oa.dir, ob.dir);
+        let ia = std::fs::metadata(oa.dir.join("data.bin")).unwrap();
+        let ib = std::fs::metadata(ob.dir.join("data.bin")).unwrap();
+        assert_eq!((ia.dev(), ia.ino()), (ib.dev(), ib.ino()));
+        assert_eq!(ia.nlink(), 3, "cas + two realms");
+        assert_ne!(
+            std::fs::metadata(&oa.dir).unwrap().ino(),
+            std::fs::metadata(&ob.dir).unwrap().ino()
+        );
+    }
+
+    #[tokio::test]
+    async fn crash_leftovers_are_recovered() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let root = tmp.path().join("c");
+        let cache = RealmCache::open(&root, "r", store.clone(), FetchConfig::default()).unwrap();
+        cache.index().await.unwrap();
+        // Simulate an install killed between renaming entries and writing the marker.
+        let lib = cache.lib_dir();
+        std::fs::create_dir_all(lib.join("demo")).unwrap();
+        std::fs::write(lib.join("demo/partial.py"), "").unwrap();
+        write_atomic(&cache.pending_path("demo"), br#"["demo"]"#).unwrap();
+        std::fs::create_dir_all(root.join("realms/r/staging/demo.999999999.deadbeef")).unwrap();
+        let out = cache.ensure("demo").await.unwrap();
+        assert!(out.installed);
+        assert!(!lib.join("demo/partial.py").exists());
+        assert!(lib.join("demo/__init__.py").exists());
+        assert!(!cache.pending_path("demo").exists());
+        assert_eq!(
+            std::fs::read_dir(root.join("realms/r/staging"))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+
+    #[test]
+    fn bad_realm_names_are_refused() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new("t"));
+        for bad in ["", "..", "a/b", ".hidden"] {
+            assert!(
+                RealmCache::open("/tmp/x", bad, store.clone(), FetchConfig::default()).is_err(),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! The `publish` subcommand, for the `sigma-supervise` binary to embed:
+//!
+//! ```text
+//! sigma-supervise publish --bucket s3://B -r requirements.txt
+//! sigma-supervise publish --bucket s3://B wheels/ pkgdir/ x.whl
+//! ```
+
+use std::path::PathBuf;
+
+use crate::publish::{publish, PublishReport, PublishSource};
+use crate::store::{open_store, StoreOptions};
+use crate::{FetchConfig, FetchError, Result};
+
+/// Arguments of `publish` (a `clap::Args`, so a binary can make it a subcommand).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PublishArgs {
+    /// Bucket URL: s3://BUCKET[/PREFIX] (standard AWS configuration) or file:///DIR.
+    #[arg(long, env = "SIGMA_LIB_BUCKET")]
+    pub bucket: String,
+    /// A requirements file: resolve with `pip download --only-binary=:all:` and publish the wheels.
+    #[arg(short = 'r', long = "requirement")]
+    pub requirements: Vec<PathBuf>,
+    /// Python interpreter whose pip (and platform tags) to use with -r.
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+    /// Wheels (files or directories of them) and package directories.
+    pub paths: Vec<PathBuf>,
+}
+
+impl PublishArgs {
+    /// The sources named on the command line.
+    pub fn sources(&self) -> Result<Vec<PublishSource>> {
+        let mut out: Vec<PublishSource> = self
+            .requirements
+            .iter()
+            .map(|f| PublishSource::Requirements {
+                file: f.clone(),
+                python: self.python.clone(),
+            })
+            .collect();
+        for p in &self.paths {
+            out.push(PublishSource::detect(p)?);
+        }
+        if out.is_empty() {
+            return Err(FetchError::invalid(
+                "publish",
+                "nothing to publish: give -r requirements.txt, wheels or package directories",
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// Run `publish` as the command line asks (one report per source, in order).
+pub async fn run_publish(args: &PublishArgs, cfg: &FetchConfig) -> Result<Vec<PublishReport>> {
+    let sources = args.sources()?;
+    let store = open_store(&args.bucket, &StoreOptions::default(), cfg).await?;
+    let mut reports = Vec::new();
+    for s in &sources {
+        reports.push(publish(store.as_ref(), s, cfg).await?);
+    }
+    Ok(reports)
+}

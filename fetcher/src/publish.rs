@@ -1,0 +1,299 @@
+//! Publishing: distributions → package archives → bucket, index last.
+//!
+//! Order matters: every archive is uploaded (and already-present ones checked) before the merged
+//! index is written, so a reader never sees an index entry whose object is missing.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+use crate::index::{Archive, Encoding, FileEntry, Index, Package, INDEX_KEY, PKG_PREFIX};
+use crate::store::{get_bytes, Store};
+use crate::wheel::{read_package_dir, read_wheel, Distribution};
+use crate::{FetchConfig, FetchError, Result};
+
+/// zstd level for package archives (see README: level 3 keeps publish fast, decode ≫ network).
+pub const ZSTD_LEVEL: i32 = 3;
+
+/// What to publish.
+#[derive(Debug, Clone)]
+pub enum PublishSource {
+    /// A requirements file: `python -m pip download --only-binary=:all: -r FILE` resolves the
+    /// dependencies and brings binary wheels, which are then published.
+    Requirements {
+        file: PathBuf,
+        /// Interpreter whose pip (and tags) to use; default `python3`.
+        python: Option<PathBuf>,
+    },
+    /// One `.whl` file or a directory of them.
+    Wheels(PathBuf),
+    /// A plain package directory (with `__init__.py`) or a site-packages-like directory.
+    PackageDir(PathBuf),
+}
+
+impl PublishSource {
+    /// Guess the kind of `path`: `*.txt` → requirements, `*.whl` or a directory containing
+    /// wheels → wheels, any other directory → package directory.
+    pub fn detect(path: &Path) -> Result<PublishSource> {
+        let has_wheels = || {
+            std::fs::read_dir(path).is_ok_and(|rd| {
+                rd.flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".whl"))
+            })
+        };
+        if path.is_file() && path.extension().is_some_and(|e| e == "whl") {
+            Ok(PublishSource::Wheels(path.to_owned()))
+        } else if path.is_file() {
+            Ok(PublishSource::Requirements {
+                file: path.to_owned(),
+                python: None,
+            })
+        } else if path.is_dir() && has_wheels() {
+            Ok(PublishSource::Wheels(path.to_owned()))
+        } else if path.is_dir() {
+            Ok(PublishSource::PackageDir(path.to_owned()))
+        } else {
+            Err(FetchError::invalid(
+                format!("{}", path.display()),
+                "no such file or directory",
+            ))
+        }
+    }
+}
+
+/// One published distribution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedPackage {
+    pub name: String,
+    pub version: String,
+    pub top_level: Vec<String>,
+    pub files: usize,
+    pub unpacked_bytes: u64,
+    pub archive_key: String,
+    pub archive_bytes: u64,
+    /// False if an identical archive was already in the bucket.
+    pub uploaded: bool,
+    /// Version it replaced in the index, if any.
+    pub replaced: Option<String>,
+}
+
+/// What [`publish`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishReport {
+    pub bucket: String,
+    pub packages: Vec<PublishedPackage>,
+    /// Bytes uploaded (archives + index).
+    pub uploaded_bytes: u64,
+    /// Distributions in the index after publishing.
+    pub index_packages: usize,
+}
+
+impl fmt::Display for PublishReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for p in &self.packages {
+            writeln!(
+                f,
+                "{} {}: {} files, {} bytes -> {} ({} bytes{}){}",
+                p.name,
+                p.version,
+                p.files,
+                p.unpacked_bytes,
+                p.archive_key,
+                p.archive_bytes,
+                if p.uploaded { "" } else { ", already present" },
+                p.replaced
+                    .as_ref()
+                    .map(|v| format!(", replaces {v}"))
+                    .unwrap_or_default()
+            )?;
+        }
+        write!(
+            f,
+            "published {} package(s) to {}; {} bytes uploaded; index lists {} package(s)",
+            self.packages.len(),
+            self.bucket,
+            self.uploaded_bytes,
+            self.index_packages
+        )
+    }
+}
+
+/// Read the distributions of a source (running pip for requirements).
+fn distributions(source: &PublishSource) -> Result<Vec<Distribution>> {
+    match source {
+        PublishSource::Requirements { file, python } => {
+            let tmp =
+                tempfile::tempdir().map_err(|e| FetchError::io("create temp dir", "/tmp", e))?;
+            let python = python.clone().unwrap_or_else(|| PathBuf::from("python3"));
+            let out = std::process::Command::new(&python)
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--only-binary=:all:",
+                    "-d",
+                ])
+                .arg(tmp.path())
+                .arg("-r")
+                .arg(file)
+                .output()
+                .map_err(|e| FetchError::Command {
+                    command: format!("{} -m pip download", python.display()),
+                    cause: e.to_string(),
+                })?;
+            if !out.status.success() {
+                let err = String::from_utf8_lossy(&out.stderr);
+                let last = err
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("");
+                return Err(FetchError::Command {
+                    command: format!("pip download -r {}", file.display()),
+                    cause: format!("{}: {last}", out.status),
+                });
+            }
+            wheels_in(tmp.path())
+        }
+        PublishSource::Wheels(p) if p.is_file() => Ok(vec![read_wheel(p)?]),
+        PublishSource::Wheels(dir) => wheels_in(dir),
+        PublishSource::PackageDir(dir) => read_package_dir(dir),
+    }
+}
+
+fn wheels_in(dir: &Path) -> Result<Vec<Distribution>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| FetchError::io("list", dir, e))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "whl"))
+        .collect();
+    paths.sort();
+    if paths.is_empty() {
+        return Err(FetchError::invalid(
+            format!("{}", dir.display()),
+            "no .whl files",
+        ));
+    }
+    paths.iter().map(|p| read_wheel(p)).collect()
+}
+
+/// Build the deterministic archive of a distribution: tar (sorted paths, mode 0644, mtime 0)
+/// compressed with zstd. Returns the index entry and the archive bytes.
+pub(crate) fn build_package(dist: &Distribution, encoding: Encoding) -> Result<(Package, Bytes)> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut files = Vec::with_capacity(dist.files.len());
+    for (path, data) in &dist.files {
+        let mut h = tar::Header::new_ustar();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(0);
+        h.set_entry_type(tar::EntryType::Regular);
+        tar.append_data(&mut h, path, data.as_slice())
+            .map_err(|e| FetchError::invalid(format!("archive {}: {path}", dist.name), e))?;
+        files.push(FileEntry {
+            path: path.clone(),
+            sha256: hex::encode(Sha256::digest(data)),
+            size: data.len() as u64,
+        });
+    }
+    let raw = tar
+        .into_inner()
+        .map_err(|e| FetchError::invalid(format!("archive {}", dist.name), e))?;
+    let (bytes, ext) = match encoding {
+        Encoding::TarZstd => (
+            zstd::bulk::compress(&raw, ZSTD_LEVEL)
+                .map_err(|e| FetchError::invalid(format!("compress {}", dist.name), e))?,
+            "tar.zst",
+        ),
+        Encoding::Tar => (raw, "tar"),
+    };
+    let sha = hex::encode(Sha256::digest(&bytes));
+    let pkg = Package {
+        name: dist.name.clone(),
+        version: dist.version.clone(),
+        source: dist.source.clone(),
+        top_level: dist.top_level(),
+        archive: Archive {
+            key: format!(
+                "{PKG_PREFIX}{}-{}-{}.{ext}",
+                dist.name,
+                dist.version,
+                &sha[..16]
+            ),
+            sha256: sha,
+            size: bytes.len() as u64,
+            encoding,
+        },
+        files,
+    };
+    Ok((pkg, Bytes::from(bytes)))
+}
+
+/// Read the bucket's index; a missing index is an empty one.
+pub async fn read_index(store: &dyn Store, cfg: &FetchConfig) -> Result<Index> {
+    match get_bytes(store, INDEX_KEY, cfg).await {
+        Ok(data) => Index::from_json(store.name(), &data),
+        Err(FetchError::NotFound { .. }) => Ok(Index::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Publish `source` to `store`: verify, archive, upload the archives, then write the merged
+/// index. Nothing is uploaded if any distribution fails verification or conflicts with a
+/// top-level name of another distribution in the index.
+pub async fn publish(
+    store: &dyn Store,
+    source: &PublishSource,
+    cfg: &FetchConfig,
+) -> Result<PublishReport> {
+    let src = source.clone();
+    let built = tokio::task::spawn_blocking(move || {
+        distributions(&src)?
+            .iter()
+            .map(|d| build_package(d, Encoding::TarZstd))
+            .collect::<Result<Vec<_>>>()
+    })
+    .await
+    .map_err(|e| FetchError::invalid("publish", e))??;
+
+    let mut index = read_index(store, cfg).await?;
+    let mut report = PublishReport {
+        bucket: store.name().to_owned(),
+        ..PublishReport::default()
+    };
+    let mut replaced = Vec::new();
+    for (pkg, _) in &built {
+        replaced.push(
+            index
+                .insert(store.name(), pkg.clone())?
+                .map(|old| old.version),
+        );
+    }
+    for ((pkg, bytes), replaced) in built.into_iter().zip(replaced) {
+        let present = store.head(&pkg.archive.key).await? == Some(pkg.archive.size);
+        if !present {
+            store.put(&pkg.archive.key, bytes).await?;
+            report.uploaded_bytes += pkg.archive.size;
+        }
+        report.packages.push(PublishedPackage {
+            name: pkg.name.clone(),
+            version: pkg.version.clone(),
+            top_level: pkg.top_level.clone(),
+            files: pkg.files.len(),
+            unpacked_bytes: pkg.unpacked_size(),
+            archive_key: pkg.archive.key.clone(),
+            archive_bytes: pkg.archive.size,
+            uploaded: !present,
+            replaced,
+        });
+    }
+    let json = index.to_json();
+    report.uploaded_bytes += json.len() as u64;
+    report.index_packages = index.packages().len();
+    store.put(INDEX_KEY, Bytes::from(json)).await?;
+    Ok(report)
+}
