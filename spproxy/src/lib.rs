@@ -3,12 +3,15 @@
 #![deny(unsafe_code)]
 
 pub mod api;
+mod client;
 pub mod consts;
 pub mod error;
+mod fdenv;
 pub mod frame;
 pub mod procenv;
 pub mod proto;
 pub mod rpc;
 
+pub use client::{Client, Qid, Stat, DEFAULT_SOCKET, ENV_SPPROXY_FD, ENV_SPPROXY_SOCKET};
 pub use error::Error;
 pub use proto::ProcEnvProto;
