@@ -15,7 +15,6 @@ mod stats;
 mod supervisor;
 mod sys;
 
-use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -91,6 +90,7 @@ fn init_logging(verbose: u8) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .without_time()
         .init();
 }
@@ -122,8 +122,7 @@ impl From<anyhow::Error> for Failure {
 
 fn run(cli: Cli) -> Result<u8, Failure> {
     let program = spawn::find_program(&cli.command[0])?;
-    let policy = policy::Policy::load(&cli.profile, &cli.serve)
-        .with_context(|| format!("profile `{}`", cli.profile))?;
+    let policy = policy::Policy::load(&cli.profile, &cli.serve)?;
     let trace = stats::TraceSink::open(cli.trace.as_deref())?;
     let prepared = spawn::prepare(&program, &cli.command, &policy, cli.pin)?;
     let child = spawn::spawn(prepared)?;

@@ -10,7 +10,6 @@
 
 use nix::errno::Errno;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
-use nix::sys::stat::Mode;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -25,13 +24,27 @@ pub struct Served {
 }
 
 impl Served {
+    /// DIR is opened as a detached read-only clone of its mount tree, so nothing the
+    /// supervisor opens there (and injects into the target) can be written through, not even
+    /// via a dirfd the target later uses with openat/mkdirat.
     pub fn open(prefix: PathBuf, dir: PathBuf) -> Result<Served, String> {
-        let dirfd = nix::fcntl::open(
-            &dir,
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| format!("served directory {}: {}", dir.display(), e.desc()))?;
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+            .map_err(|_| format!("served directory {} contains a NUL byte", dir.display()))?;
+        let meta = std::fs::metadata(&dir)
+            .map_err(|e| format!("served directory {}: {e}", dir.display()))?;
+        if !meta.is_dir() {
+            return Err(format!(
+                "served directory {} is not a directory",
+                dir.display()
+            ));
+        }
+        let dirfd = crate::sys::readonly_tree(&c).map_err(|e| {
+            format!(
+                "served directory {}: cannot make a read-only view (open_tree/mount_setattr): {}",
+                dir.display(),
+                e.desc()
+            )
+        })?;
         Ok(Served { prefix, dir, dirfd })
     }
 

@@ -63,7 +63,9 @@ const PASS: libc::c_int = libc::O_DIRECTORY
 fn open_served(call: &ServeCall<'_>, flags: u64, resolve: ResolveFlag) -> Result<Reply, Errno> {
     let flags = flags as libc::c_int;
     let writes = flags & libc::O_ACCMODE != libc::O_RDONLY
-        || flags & (libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND | libc::O_TMPFILE) != 0;
+        || flags & (libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND) != 0
+        // O_TMPFILE includes O_DIRECTORY's bit: match it whole.
+        || flags & libc::O_TMPFILE == libc::O_TMPFILE;
     if writes {
         return Err(Errno::EROFS);
     }

@@ -1,0 +1,497 @@
+//! End to end: the real `sigma-supervise` binary running real CPython (and the hostile/TOCTOU
+//! helper binaries) under the real seccomp filter. Needs root (mount namespace) and python3.
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+const SUP: &str = env!("CARGO_BIN_EXE_sigma-supervise");
+const HOSTILE: &str = env!("CARGO_BIN_EXE_sigma-hostile-probe");
+const TOCTOU: &str = env!("CARGO_BIN_EXE_sigma-toctou-probe");
+
+/// The real interpreter behind `python3` (pyenv's shim is a bash script, and bash needs
+/// getpgrp/getppid, which the σOS allow-list refuses).
+fn python() -> &'static Path {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 must be installed for the end-to-end tests");
+        assert!(out.status.success(), "python3 does not run");
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
+
+/// `sigma-supervise` with PATH starting at the real interpreter's directory, so `python3`
+/// resolves through the supervisor's own PATH lookup.
+fn sup() -> Command {
+    let dir = python().parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = Command::new(SUP);
+    c.env("PATH", path).env_remove("RUST_LOG");
+    c
+}
+
+fn run(c: &mut Command) -> Output {
+    let out = c.output().expect("run sigma-supervise");
+    eprintln!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn py(code: &str) -> Output {
+    run(sup().args(["python3", "-c", code]))
+}
+
+#[test]
+fn hello() {
+    let o = py("print('hello')");
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "hello\n");
+}
+
+#[test]
+fn stdlib_imports() {
+    let o = py(r#"
+import json, decimal, sqlite3, asyncio, collections, re, pathlib, hashlib, datetime, email, http.client
+db = sqlite3.connect(":memory:")
+db.execute("create table t(x)"); db.execute("insert into t values (41)")
+async def f(): return db.execute("select x + 1 from t").fetchone()[0]
+q = asyncio.get_event_loop_policy() and db.execute("select x + 1 from t").fetchone()[0]
+print(json.dumps({"d": str(decimal.Decimal("1.10") * 2), "q": q, "h": hashlib.sha256(b"").hexdigest()[:8]}))
+"#);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(
+        stdout(&o),
+        "{\"d\": \"2.20\", \"q\": 42, \"h\": \"e3b0c442\"}\n"
+    );
+    // An asyncio event loop needs socketpair(2) (its self-pipe), outside σOS's allow-list: the
+    // loop itself runs under the permissive profile (still supervised, still notified).
+    let o = run(sup().args([
+        "--profile",
+        "permissive",
+        "python3",
+        "-c",
+        "import asyncio\nasync def f(): await asyncio.sleep(0); return 42\nprint(asyncio.run(f()))",
+    ]));
+    assert_eq!(stdout(&o), "42\n");
+}
+
+#[test]
+fn script_imports_module_from_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("helper.py"), "VALUE = 'from helper'\n").unwrap();
+    std::fs::write(
+        dir.path().join("script.py"),
+        "import helper\nprint(helper.VALUE)\n",
+    )
+    .unwrap();
+    let o = run(sup()
+        .arg("python3")
+        .arg(dir.path().join("script.py"))
+        .current_dir("/"));
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "from helper\n");
+    // Relative to the cwd, as a user would type it.
+    let o = run(sup().args(["python3", "script.py"]).current_dir(dir.path()));
+    assert_eq!(stdout(&o), "from helper\n");
+}
+
+#[test]
+fn threads() {
+    let o = py(r#"
+import threading, json
+out = []
+def work(i):
+    import decimal  # imports from threads are notified too
+    out.append(i * i)
+ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(sorted(out))
+"#);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "[0, 1, 4, 9, 16, 25, 36, 49]\n");
+}
+
+#[test]
+fn subprocess_of_another_python_and_its_exit_code() {
+    let o = py(r#"
+import subprocess, sys
+p = subprocess.run([sys.executable, "-c", "import json; print(json.dumps([1, 2])); raise SystemExit(7)"],
+                   capture_output=True, text=True)
+print(p.returncode, p.stdout.strip())
+sys.exit(p.returncode)
+"#);
+    assert_eq!(stdout(&o), "7 [1, 2]\n");
+    assert_eq!(o.status.code(), Some(7));
+}
+
+#[test]
+fn exit_status_passes_through() {
+    let o = py("raise SystemExit(3)");
+    assert_eq!(o.status.code(), Some(3));
+}
+
+#[test]
+fn killed_by_sigkill_reports_137() {
+    // os.kill needs kill(2), outside σOS's allow-list: run it under the permissive profile.
+    let o = run(sup().args([
+        "--profile",
+        "permissive",
+        "python3",
+        "-c",
+        "import os; os.kill(os.getpid(), 9)",
+    ]));
+    assert_eq!(o.status.code(), Some(137));
+    // Under sigmaos, raise(3) uses tgkill, which is allowed.
+    let o = py("import signal; signal.raise_signal(signal.SIGKILL)");
+    assert_eq!(o.status.code(), Some(137));
+    // And kill(2) itself is refused and logged.
+    let o = py("import os\ntry:\n os.kill(os.getpid(), 9)\nexcept PermissionError: print('EPERM')");
+    assert_eq!(stdout(&o), "EPERM\n");
+    assert!(stderr(&o).contains("denied kill (pid "), "{}", stderr(&o));
+}
+
+#[test]
+fn hostile_syscalls_fail_with_eperm() {
+    // Outside the supervisor (we are root) some of these succeed: the probe must tell.
+    let bare = Command::new(HOSTILE).output().unwrap();
+    assert_ne!(
+        bare.status.code(),
+        Some(0),
+        "the probe detects unconfined runs"
+    );
+    let o = run(sup().arg(HOSTILE));
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    for name in [
+        "socket",
+        "ptrace",
+        "mount",
+        "unshare",
+        "io_uring_setup",
+        "bpf",
+        "kexec_load",
+    ] {
+        assert!(out.contains(&format!("{name} EPERM\n")), "{name}: {out}");
+        let logged = format!("denied {name} (pid ");
+        assert_eq!(stderr(&o).matches(&logged).count(), 1, "{name} logged once");
+    }
+}
+
+#[test]
+fn denied_syscall_logged_once_per_name() {
+    let o =
+        py("import os\nfor _ in range(5):\n try: os.getppid()\n except OSError: pass\nprint('ok')");
+    assert_eq!(stdout(&o), "ok\n");
+    assert_eq!(stderr(&o).matches("denied getppid (pid ").count(), 1);
+}
+
+#[test]
+fn serve_prefix_is_importable_and_host_dir_hidden() {
+    let lib = tempfile::tempdir().unwrap();
+    let pkg = lib.path().join("servedpkg");
+    std::fs::create_dir(&pkg).unwrap();
+    std::fs::write(pkg.join("__init__.py"), "from .inner import VALUE\n").unwrap();
+    std::fs::write(pkg.join("inner.py"), "VALUE = 'served ok'\n").unwrap();
+    std::fs::write(pkg.join("tool.sh"), "#!/bin/sh\necho no\n").unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("outside.txt"), "OUTSIDE").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("outside.txt"), pkg.join("abs_escape")).unwrap();
+    let rel = pathdiff(&outside.path().join("outside.txt"), &pkg);
+    std::os::unix::fs::symlink(&rel, pkg.join("rel_escape")).unwrap();
+    std::os::unix::fs::symlink("inner.py", pkg.join("alias.py")).unwrap();
+    let host = lib.path().display().to_string();
+    let code = format!(
+        r#"
+import os, sys, errno, subprocess
+sys.path.insert(0, "/sigma/lib")
+import servedpkg
+print("import", servedpkg.VALUE, servedpkg.__file__)
+print("listdir", sorted(os.listdir("/sigma/lib/servedpkg")))
+print("readlink", os.readlink("/sigma/lib/servedpkg/alias.py"))
+print("alias", open("/sigma/lib/servedpkg/alias.py").read().strip())
+print("access", os.access("/sigma/lib/servedpkg/inner.py", os.R_OK), os.access("/sigma/lib/servedpkg/inner.py", os.W_OK))
+print("size", os.stat("/sigma/lib/servedpkg/inner.py").st_size, os.lstat("/sigma/lib/servedpkg/alias.py").st_size)
+def err(f):
+    try:
+        f(); return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print("host", err(lambda: open("{host}/servedpkg/inner.py")), sorted(os.listdir("{host}")))
+print("write", err(lambda: open("/sigma/lib/servedpkg/new.py", "w")))
+d = os.open("/sigma/lib/servedpkg", os.O_RDONLY | os.O_DIRECTORY)
+print("mkdir", err(lambda: os.mkdir("/sigma/lib/servedpkg/d", dir_fd=d)), err(lambda: os.mkdir("servedpkg", dir_fd=os.open("/sigma/lib", os.O_RDONLY))))
+print("via fd", err(lambda: os.open("x.py", os.O_WRONLY | os.O_CREAT, dir_fd=d)), err(lambda: os.open("inner.py", os.O_WRONLY, dir_fd=d)), os.read(os.open("inner.py", os.O_RDONLY, dir_fd=d), 5))
+print("escape", err(lambda: open("/sigma/lib/servedpkg/abs_escape").read()), err(lambda: open("/sigma/lib/servedpkg/rel_escape").read()))
+print("exec", err(lambda: subprocess.run(["/sigma/lib/servedpkg/tool.sh"])))
+"#
+    );
+    let serve = format!("/sigma/lib={host}");
+    let o = run(sup().args(["--serve", &serve, "python3", "-c", &code]));
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "import served ok /sigma/lib/servedpkg/__init__.py",
+            "listdir ['__init__.py', 'abs_escape', 'alias.py', 'inner.py', 'rel_escape', 'tool.sh']",
+            "readlink inner.py",
+            "alias VALUE = 'served ok'",
+            "access True False",
+            &format!("size {} {}", "VALUE = 'served ok'\n".len(), "inner.py".len()),
+            "host ENOENT []",
+            "write EROFS",
+            "mkdir EROFS EEXIST",
+            "via fd EROFS EROFS b'VALUE'",
+            "escape ENOENT ENOENT",
+            "exec EACCES",
+        ]
+    );
+}
+
+/// `to` relative to directory `from` (both absolute), for a symlink climbing out with `..`.
+fn pathdiff(to: &Path, from: &Path) -> PathBuf {
+    let depth = from.components().count() - 1;
+    let mut p = PathBuf::new();
+    for _ in 0..depth {
+        p.push("..");
+    }
+    p.join(to.strip_prefix("/").unwrap())
+}
+
+/// The sigmaos builtin plus one deny rule, as a user-written profile file.
+fn deny_profile(dir: &Path, denied: &Path) -> PathBuf {
+    let base = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../policies/profiles/sigmaos.toml"
+    ))
+    .unwrap();
+    let text = format!(
+        "{base}\n[[path]]\nprefix = \"{}\"\naction = \"deny\"\nerrno = \"EACCES\"\nreason = \"test: a secret\"\n",
+        denied.display()
+    );
+    let p = dir.join("deny.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn deny_rule_refuses_with_its_errno() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, "SECRET").unwrap();
+    let profile = deny_profile(dir.path(), &secret);
+    let code = format!(
+        "import os\ntry: open('{0}').read(); print('read')\nexcept PermissionError: print('EACCES')\nprint(os.path.exists('{0}'))",
+        secret.display()
+    );
+    let o = run(sup()
+        .arg("--profile")
+        .arg(&profile)
+        .args(["python3", "-c", &code]));
+    assert_eq!(stdout(&o), "EACCES\nFalse\n");
+}
+
+#[test]
+fn toctou_path_flip_never_reads_denied_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret.txt");
+    let public = dir.path().join("public.txt");
+    std::fs::write(&secret, "SECRET-CONTENT").unwrap();
+    std::fs::write(&public, "public").unwrap();
+    let profile = deny_profile(dir.path(), &secret);
+    let o = run(sup()
+        .arg("--profile")
+        .arg(&profile)
+        .arg(TOCTOU)
+        .arg(&public)
+        .arg(&secret)
+        .arg("SECRET")
+        .arg("10000"));
+    let out = stdout(&o);
+    let field = |k: &str| -> u64 {
+        out.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {out:?}"))
+    };
+    assert_eq!(field("leaked"), 0, "denied content obtained: {out}");
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(field("opens") + field("denied"), 10000);
+    assert!(
+        field("opens") > 0 && field("denied") > 0,
+        "the race ran both ways: {out}"
+    );
+}
+
+#[test]
+fn unknown_program_is_127_with_one_line() {
+    let o = run(sup().arg("no-such-program-xyz"));
+    assert_eq!(o.status.code(), Some(127));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no-such-program-xyz"), "{err}");
+}
+
+#[test]
+fn malformed_profile_is_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.toml");
+    std::fs::write(
+        &p,
+        "name = \"bad\"\n[default]\nactoin = \"allow\"\nreason = \"typo\"\n",
+    )
+    .unwrap();
+    let o = run(sup()
+        .arg("--profile")
+        .arg(&p)
+        .args(["python3", "-c", "print(1)"]));
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stdout(&o).is_empty(), "the program must not run");
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("bad.toml:"), "{err}");
+    // A profile that is neither a builtin nor a file.
+    let o = run(sup().args(["--profile", "/no/such/profile.toml", "python3", "-c", "1"]));
+    assert_ne!(o.status.code(), Some(0));
+    assert_eq!(stderr(&o).lines().count(), 1);
+    // A --serve whose DIR does not exist.
+    let o = run(sup().args(["--serve", "/x=/no/such/dir", "python3", "-c", "1"]));
+    assert_ne!(o.status.code(), Some(0));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+}
+
+#[test]
+fn trace_lines_have_pid_syscall_path_decision_micros() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("trace.txt");
+    let o = run(sup().arg(format!("--trace={}", file.display())).args([
+        "python3",
+        "-c",
+        "import json, os\ntry: os.getppid()\nexcept OSError: pass",
+    ]));
+    assert_eq!(o.status.code(), Some(0));
+    let text = std::fs::read_to_string(&file).unwrap();
+    let mut saw_json = false;
+    let mut saw_refused = false;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        assert_eq!(f.len(), 5, "{line:?}");
+        f[0].parse::<u32>().expect("pid");
+        f[4].parse::<u64>().expect("µs");
+        if f[1] == "openat" && f[2].contains("/json/__pycache__/__init__.") {
+            assert_eq!(f[3], "continue");
+            saw_json = true;
+        }
+        if f[1] == "getppid" {
+            assert_eq!((f[2], f[3]), ("-", "refused(EPERM)"));
+            saw_refused = true;
+        }
+    }
+    assert!(saw_json && saw_refused, "{text}");
+    // Without FILE the lines go to stderr.
+    let o = run(sup().args(["--trace", "python3", "-c", "pass"]));
+    assert!(stderr(&o)
+        .lines()
+        .any(|l| l.split('\t').nth(1) == Some("execve")));
+}
+
+#[test]
+fn stats_counts_add_up() {
+    let o = run(sup().args(["--stats", "python3", "-c", "import json"]));
+    assert_eq!(o.status.code(), Some(0));
+    let err = stderr(&o);
+    let header = err
+        .lines()
+        .find(|l| l.starts_with("sigma-supervise stats: "))
+        .expect("stats header");
+    let total: u64 = header.split_whitespace().nth(2).unwrap().parse().unwrap();
+    let mut sum = 0;
+    let mut stat_continue = 0;
+    for l in err.lines().filter(|l| l.starts_with("  ")) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(f.len(), 3, "{l}");
+        let n: u64 = f[2].parse().unwrap();
+        sum += n;
+        if f[0] == "newfstatat" && f[1] == "continue" {
+            stat_continue = n;
+        }
+    }
+    assert_eq!(sum, total);
+    assert!(stat_continue > 100, "import json probes many paths: {err}");
+}
+
+#[test]
+fn sigterm_is_forwarded_to_the_child() {
+    let mut child = sup()
+        .args([
+            "python3",
+            "-c",
+            "import threading\nprint('ready', flush=True)\nthreading.Event().wait(30)",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = [0u8; 6];
+    std::io::Read::read_exact(&mut out, &mut buf).unwrap();
+    assert_eq!(&buf, b"ready\n");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(128 + 15),
+        "{status:?} {:?}",
+        status.signal()
+    );
+}
+
+#[test]
+fn orphaned_grandchild_stays_supervised_until_it_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("marker");
+    let code = format!(
+        r#"
+import os, threading, json
+if os.fork() == 0:
+    if os.fork() == 0:
+        threading.Event().wait(0.5)  # time.sleep needs clock_nanosleep, outside the allow-list
+        import decimal  # still notified after its parent died
+        try: os.getppid()
+        except OSError: pass
+        open("{0}", "w").write("done")
+        os._exit(0)
+    os._exit(0)
+os.wait()
+print("parent exits")
+"#,
+        marker.display()
+    );
+    let o = run(sup().args(["python3", "-c", &code]));
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "parent exits\n");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "done");
+    assert!(stderr(&o).contains("denied getppid"), "{}", stderr(&o));
+}
