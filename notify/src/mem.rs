@@ -26,6 +26,13 @@ const FIRST_CHUNK: usize = 256;
 /// Set once process_vm_readv/writev turn out to be missing (ENOSYS).
 static USE_PROC_MEM: AtomicBool = AtomicBool::new(false);
 
+/// Make every later access use `/proc/<pid>/mem` instead of process_vm_readv/writev, as on a
+/// kernel without them (process-wide, irreversible). For tests of the fallback path.
+#[doc(hidden)]
+pub fn force_proc_mem_fallback() {
+    USE_PROC_MEM.store(true, Ordering::Relaxed);
+}
+
 /// Access to one notifying target's memory, valid while its notification is.
 pub struct TargetMem<'a> {
     pub listener: &'a Listener,
