@@ -1,0 +1,248 @@
+//! Publishing from package directories and real wheels (downloaded with pip, cached outside the
+//! repository), then installing them through a realm cache and importing them with CPython.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use sigma_fetcher::cli::{run_publish, PublishArgs};
+use sigma_fetcher::index::INDEX_KEY;
+use sigma_fetcher::publish::{publish, read_index, PublishSource};
+use sigma_fetcher::store::local::LocalStore;
+use sigma_fetcher::store::Store;
+use sigma_fetcher::{FetchConfig, FetchError, RealmCache};
+
+const SIX: &str = "six==1.16.0";
+const NUMPY: &str = "numpy==2.1.3";
+
+#[tokio::test]
+async fn publish_package_dir_to_minio_merges_and_replaces() {
+    let minio = common::Minio::start();
+    let cfg = FetchConfig::default();
+    let store = minio.bucket("pkgdir", &cfg).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let a = common::make_pkg(&tmp.path().join("v1"), "alpha", 10_000);
+    let b = common::make_pkg(&tmp.path().join("v1"), "beta", 10_000);
+
+    let r = publish(store.as_ref(), &PublishSource::PackageDir(a.clone()), &cfg)
+        .await
+        .unwrap();
+    assert_eq!(r.packages.len(), 1);
+    let p = &r.packages[0];
+    assert_eq!((p.name.as_str(), p.files, p.uploaded), ("alpha", 4, true));
+    assert_eq!(p.top_level, vec!["alpha"]);
+    publish(store.as_ref(), &PublishSource::PackageDir(b), &cfg)
+        .await
+        .unwrap();
+    let idx = read_index(store.as_ref(), &cfg).await.unwrap();
+    assert_eq!(
+        idx.top_level_names(),
+        vec!["alpha", "beta"],
+        "second publish merged"
+    );
+    // Every archive the index names exists with the recorded size.
+    for pkg in idx.packages().values() {
+        assert_eq!(
+            store.head(&pkg.archive.key).await.unwrap(),
+            Some(pkg.archive.size)
+        );
+    }
+    // Same content again: nothing re-uploaded but the index.
+    let again = publish(store.as_ref(), &PublishSource::PackageDir(a.clone()), &cfg)
+        .await
+        .unwrap();
+    assert!(!again.packages[0].uploaded);
+    // Changed content: a new archive object, the index entry replaced, the old object kept.
+    std::fs::write(a.join("sub/mod.py"), "def f():\n    return 43\n").unwrap();
+    let v2 = publish(store.as_ref(), &PublishSource::PackageDir(a), &cfg)
+        .await
+        .unwrap();
+    assert!(v2.packages[0].uploaded);
+    assert_ne!(v2.packages[0].archive_key, p.archive_key);
+    assert!(store.head(&p.archive_key).await.unwrap().is_some());
+    // A different distribution claiming `alpha` is refused before anything is uploaded.
+    let clash = tmp.path().join("clash");
+    std::fs::create_dir_all(clash.join("alpha")).unwrap();
+    std::fs::write(clash.join("alpha/x.py"), "").unwrap();
+    std::fs::create_dir_all(clash.join("other-1.0.dist-info")).unwrap();
+    std::fs::write(
+        clash.join("other-1.0.dist-info/RECORD"),
+        "alpha/x.py,,\nother-1.0.dist-info/RECORD,,\n",
+    )
+    .unwrap();
+    let before = store.list("").await.unwrap();
+    let e = publish(store.as_ref(), &PublishSource::PackageDir(clash), &cfg)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, FetchError::Conflict { .. }), "{e}");
+    assert_eq!(store.list("").await.unwrap(), before);
+}
+
+/// Install the published wheels in a realm and import them with the real interpreter.
+#[tokio::test]
+async fn publish_real_wheels_then_import_them_from_the_realm() {
+    let six = common::wheel(SIX);
+    let numpy = common::wheel(NUMPY);
+    let minio = common::Minio::start();
+    let cfg = FetchConfig::default();
+    let store = minio.bucket("wheels", &cfg).await;
+    let wheels = tempfile::tempdir().unwrap();
+    for w in [&six, &numpy] {
+        std::fs::copy(w, wheels.path().join(w.file_name().unwrap())).unwrap();
+    }
+    let report = publish(
+        store.as_ref(),
+        &PublishSource::Wheels(wheels.path().into()),
+        &cfg,
+    )
+    .await
+    .unwrap();
+    eprintln!("{report}");
+    let np = report.packages.iter().find(|p| p.name == "numpy").unwrap();
+    assert!(np.files > 500, "numpy has many files: {}", np.files);
+    assert!(
+        np.top_level.contains(&"numpy.libs".to_owned()),
+        "{:?}",
+        np.top_level
+    );
+    assert!(np.top_level.contains(&"numpy-2.1.3.dist-info".to_owned()));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = RealmCache::open(tmp.path(), "r", store.clone(), cfg).unwrap();
+    let idx = cache.index().await.unwrap();
+    let names = idx.top_level_names();
+    for n in [
+        "numpy",
+        "numpy.libs",
+        "numpy-2.1.3.dist-info",
+        "six.py",
+        "six-1.16.0.dist-info",
+    ] {
+        assert!(names.contains(&n), "{n} missing from {names:?}");
+    }
+    assert_eq!(
+        idx.package_for_path(Path::new("numpy/_core/multiarray.py"))
+            .unwrap()
+            .name,
+        "numpy"
+    );
+    assert_eq!(
+        idx.package_for_path(Path::new("numpy-2.1.3.dist-info/METADATA"))
+            .unwrap()
+            .name,
+        "numpy"
+    );
+    // Nothing downloaded by listing.
+    assert!(common::tree(&cache.lib_dir()).is_empty());
+
+    let six_out = cache.ensure("six").await.unwrap();
+    assert_eq!(six_out.dir, cache.lib_dir().join("six.py"));
+    let np_out = cache
+        .ensure_path(Path::new("numpy/linalg/__init__.py"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(np_out.fetched && np_out.bytes == np.archive_bytes);
+    assert!(cache.lib_dir().join("numpy.libs").is_dir());
+    assert!(cache
+        .lib_dir()
+        .join("numpy-2.1.3.dist-info/RECORD")
+        .is_file());
+
+    let out = Command::new("python3")
+        .args(["-S", "-c", "import six, numpy; print(six.__version__, numpy.__version__, int(numpy.arange(10).sum()))"])
+        .env("PYTHONPATH", cache.lib_dir())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "1.16.0 2.1.3 45"
+    );
+}
+
+fn tamper(wheel: &Path, member: &str, dest: &Path) -> PathBuf {
+    let out = dest.join(wheel.file_name().unwrap());
+    let script = r#"
+import sys, zipfile
+src, dst, member = sys.argv[1:4]
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+    for info in zin.infolist():
+        data = zin.read(info.filename)
+        if info.filename == member:
+            data = data + b"\n# tampered\n"
+        zout.writestr(info, data)
+"#;
+    let st = Command::new("python3")
+        .args(["-c", script])
+        .arg(wheel)
+        .arg(&out)
+        .arg(member)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    out
+}
+
+#[tokio::test]
+async fn record_mismatch_is_refused_and_nothing_uploaded() {
+    let six = common::wheel(SIX);
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tamper(&six, "six.py", tmp.path());
+    let store = LocalStore::create(tmp.path().join("bucket")).unwrap();
+    let e = publish(&store, &PublishSource::Wheels(bad), &FetchConfig::default())
+        .await
+        .unwrap_err();
+    match &e {
+        FetchError::IntegrityMismatch { file, .. } => assert!(file.ends_with(":six.py"), "{e}"),
+        _ => panic!("expected IntegrityMismatch, got {e}"),
+    }
+    assert!(store.list("").await.unwrap().is_empty());
+    // The untouched wheel publishes fine.
+    publish(&store, &PublishSource::Wheels(six), &FetchConfig::default())
+        .await
+        .unwrap();
+    assert!(store.head(INDEX_KEY).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn cli_publishes_requirements_wheels_and_dirs_to_a_file_bucket() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    std::fs::create_dir(&bucket).unwrap();
+    let req = tmp.path().join("requirements.txt");
+    std::fs::write(&req, "six==1.16.0\n").unwrap();
+    let pkg = common::make_pkg(&tmp.path().join("src"), "gamma", 1000);
+    let args = PublishArgs {
+        bucket: format!("file://{}", bucket.display()),
+        requirements: vec![req],
+        python: None,
+        paths: vec![pkg],
+    };
+    let reports = run_publish(&args, &FetchConfig::default()).await.unwrap();
+    assert_eq!(reports.len(), 2);
+    assert_eq!(reports[0].packages[0].name, "six");
+    assert_eq!(reports[1].index_packages, 2);
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(&bucket));
+    let cache = RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
+    assert!(cache.ensure("gamma.sub.mod").await.unwrap().fetched);
+    assert!(cache.lib_dir().join("six.py").exists() || cache.ensure("six").await.unwrap().fetched);
+
+    let none = PublishArgs {
+        bucket: "file:///x".into(),
+        requirements: vec![],
+        python: None,
+        paths: vec![],
+    };
+    let e = run_publish(&none, &FetchConfig::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("nothing to publish"), "{e}");
+}
