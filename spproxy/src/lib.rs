@@ -11,6 +11,8 @@ pub mod frame;
 pub mod procenv;
 pub mod proto;
 pub mod rpc;
+pub mod server;
+pub mod store;
 
 pub use client::{Client, Qid, Stat, DEFAULT_SOCKET, ENV_SPPROXY_FD, ENV_SPPROXY_SOCKET};
 pub use error::Error;
