@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Wall time of `python3 -c 'import json'` bare vs under sigma-supervise, run alternately.
+
+Prints the median of each side, the ratio supervised/bare, and the notification counts of one
+extra supervised run with --stats. Several supervisor configurations can be compared in one run:
+
+    python3 scripts/bench-import.py                      # default options, 30 pairs
+    python3 scripts/bench-import.py -n 50 --config off= --config shared='--pin shared'
+
+The supervisor binary defaults to $CARGO_TARGET_DIR/release/sigma-supervise, else
+target/release/sigma-supervise (build it with `cargo build --release -p sigma-supervise`).
+"""
+import argparse
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def default_supervisor() -> str:
+    root = Path(__file__).resolve().parent.parent
+    target = Path(os.environ.get("CARGO_TARGET_DIR", root / "target"))
+    return str(target / "release" / "sigma-supervise")
+
+
+def real_python(python: str) -> str:
+    # pyenv's `python3` is a bash shim; measure the interpreter itself on both sides.
+    out = subprocess.run([python, "-c", "import sys; print(sys.executable)"],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def timed(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        sys.exit(f"bench-import: {shlex.join(cmd)} exited {r.returncode}")
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=30, help="pairs of runs (default 30)")
+    ap.add_argument("--supervisor", default=default_supervisor())
+    ap.add_argument("--python", default="python3")
+    ap.add_argument("--code", default="import json")
+    ap.add_argument("--config", action="append", default=[],
+                    help="NAME=OPTIONS for sigma-supervise (repeatable; default: default=)")
+    args = ap.parse_args()
+    if not os.access(args.supervisor, os.X_OK):
+        sys.exit(f"bench-import: {args.supervisor} not found; run `cargo build --release -p sigma-supervise`")
+    py = real_python(args.python)
+    configs = []
+    for c in args.config or ["default="]:
+        name, _, opts = c.partition("=")
+        configs.append((name, shlex.split(opts)))
+    bare_cmd = [py, "-c", args.code]
+    sup_cmds = {name: [args.supervisor, *opts, "--", py, "-c", args.code] for name, opts in configs}
+
+    for cmd in [bare_cmd, *sup_cmds.values()]:  # warm the page cache
+        timed(cmd)
+    bare: list[float] = []
+    sup: dict[str, list[float]] = {name: [] for name, _ in configs}
+    for _ in range(args.n):
+        bare.append(timed(bare_cmd))
+        for name, cmd in sup_cmds.items():
+            sup[name].append(timed(cmd))
+
+    b = statistics.median(bare)
+    print(f"python: {py}   code: {args.code!r}   pairs: {args.n}   cpus: {os.cpu_count()}")
+    print(f"bare        median {b * 1e3:8.2f} ms   (min {min(bare) * 1e3:.2f})")
+    for name, opts in configs:
+        s = statistics.median(sup[name])
+        stats = subprocess.run([args.supervisor, "--stats", *opts, "--", py, "-c", args.code],
+                               capture_output=True, text=True)
+        header = next((l for l in stats.stderr.splitlines() if l.startswith("sigma-supervise stats:")), "?")
+        count = header.split()[2] if header != "?" else "?"
+        print(f"{name:<11} median {s * 1e3:8.2f} ms   (min {min(sup[name]) * 1e3:.2f})   "
+              f"ratio {s / b:.3f}   notifications {count}   options {shlex.join(opts) or '-'}")
+        rows = [l.strip() for l in stats.stderr.splitlines() if l.startswith("  ")]
+        print("            " + ", ".join(rows[:6]))
+
+
+if __name__ == "__main__":
+    main()
