@@ -33,7 +33,12 @@ fn bench(c: &mut Criterion) {
         b.iter(|| run(Command::new(&py).args(["-c", "import json"])))
     });
     g.bench_function("supervised (sigmaos)", |b| {
-        b.iter(|| run(Command::new(SUP).arg("--").arg(&py).args(["-c", "import json"])))
+        b.iter(|| {
+            run(Command::new(SUP)
+                .arg("--")
+                .arg(&py)
+                .args(["-c", "import json"]))
+        })
     });
     g.bench_function("supervised (sigmaos, --pin shared)", |b| {
         b.iter(|| {

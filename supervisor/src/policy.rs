@@ -65,6 +65,12 @@ impl Policy {
         })
     }
 
+    /// Whether any path rule (deny, serve, continue) exists. Without one every path decision
+    /// is `Continue`, so the loop need not read the path at all.
+    pub fn has_path_rules(&self) -> bool {
+        !self.profile.path_rules().is_empty()
+    }
+
     pub fn filter_spec(&self) -> notify::FilterSpec {
         self.profile.filter_spec()
     }

@@ -30,6 +30,8 @@ pub struct Shared {
     trace: Option<TraceSink>,
     /// Whether to time calls and keep paths (only with --trace or --stats).
     pub timing: bool,
+    /// Whether path calls need their paths read (some path rule exists, or --trace).
+    pub read_paths: bool,
 }
 
 /// The single place an outcome becomes the kernel's answer. A target that went away meanwhile
@@ -188,6 +190,7 @@ pub fn supervise(
     }
     let sh = Arc::new(Shared {
         listener,
+        read_paths: trace.is_some() || policy.has_path_rules(),
         policy,
         resolver: Box::new(LocalDirs),
         deferred: Deferred::default(),
