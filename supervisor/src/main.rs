@@ -124,8 +124,65 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     let program = spawn::find_program(&cli.command[0])?;
     let policy = policy::Policy::load(&cli.profile, &cli.serve)?;
     let trace = stats::TraceSink::open(cli.trace.as_deref())?;
-    let prepared = spawn::prepare(&program, &cli.command, &policy, cli.pin)?;
+    // One CPU for both the target and the notification thread (chosen once).
+    let pin_cpu = match cli.pin {
+        Pin::Off => None,
+        Pin::Shared => sys::current_cpu(),
+    };
+    let prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu)?;
     let child = spawn::spawn(prepared)?;
-    let status = supervisor::supervise(child, policy, trace, cli.stats, cli.pin)?;
+    let status = supervisor::supervise(child, policy, trace, cli.stats, pin_cpu)?;
     Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_takes_program_and_its_hyphen_args_verbatim() {
+        let cli = Cli::try_parse_from([
+            "sigma-supervise",
+            "--stats",
+            "python3",
+            "-c",
+            "print(1)",
+            "--stats",
+        ])
+        .unwrap();
+        assert!(cli.stats);
+        assert_eq!(cli.command, ["python3", "-c", "print(1)", "--stats"]);
+        assert_eq!(cli.profile, "sigmaos");
+        assert_eq!(cli.trace, None);
+    }
+
+    #[test]
+    fn trace_without_file_means_stderr() {
+        let cli = Cli::try_parse_from(["sigma-supervise", "--trace", "prog"]).unwrap();
+        assert_eq!(cli.trace.as_deref(), Some(std::path::Path::new("-")));
+        assert_eq!(cli.command, ["prog"]);
+        let cli = Cli::try_parse_from(["sigma-supervise", "--trace=/tmp/t", "prog"]).unwrap();
+        assert_eq!(cli.trace.as_deref(), Some(std::path::Path::new("/tmp/t")));
+    }
+
+    #[test]
+    fn serve_is_repeatable_and_validated() {
+        let cli = Cli::try_parse_from([
+            "sigma-supervise",
+            "--serve",
+            "/a=/tmp",
+            "--serve",
+            "/b/c=/var",
+            "prog",
+        ])
+        .unwrap();
+        assert_eq!(cli.serve, ["/a=/tmp", "/b/c=/var"]);
+        assert!(Cli::try_parse_from(["sigma-supervise", "--serve", "rel=/tmp", "p"]).is_err());
+        assert!(Cli::try_parse_from(["sigma-supervise", "--serve", "/a", "p"]).is_err());
+    }
+
+    #[test]
+    fn program_is_required() {
+        assert!(Cli::try_parse_from(["sigma-supervise", "--stats"]).is_err());
+    }
 }

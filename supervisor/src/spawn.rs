@@ -5,7 +5,7 @@
 #![forbid(unsafe_code)]
 
 use crate::policy::Policy;
-use crate::{sys, Failure, Pin};
+use crate::{sys, Failure};
 use anyhow::{anyhow, Context as _};
 use nix::errno::Errno;
 use nix::mount::{mount, MsFlags};
@@ -137,7 +137,7 @@ pub fn prepare(
     program: &Path,
     command: &[OsString],
     policy: &Policy,
-    pin: Pin,
+    pin_cpu: Option<usize>,
 ) -> anyhow::Result<Prepared> {
     let path = cstring(program.as_os_str())?;
     let argv = command
@@ -179,10 +179,6 @@ pub fn prepare(
         None
     } else {
         Some(Scratch::create()?)
-    };
-    let pin_cpu = match pin {
-        Pin::Off => None,
-        Pin::Shared => sys::current_cpu(),
     };
     let (argv_ptrs, envp_ptrs) = (ptrs(&argv), ptrs(&envp));
     Ok(Prepared {
@@ -278,6 +274,7 @@ impl Child {
 
 fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &SigSet) -> ! {
     let _ = old_mask.thread_set_mask();
+    sys::default_sigpipe();
     let _ = sys::set_parent_death_kill();
     let fail = |stage: u32, e: Errno| -> ! {
         send(status_tx, stage, e as i32);

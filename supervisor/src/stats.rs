@@ -96,7 +96,7 @@ impl Stats {
         let total = self.total.load(Ordering::Relaxed);
         let nanos = self.nanos.load(Ordering::Relaxed);
         let mut out = format!(
-            "sigma-supervise stats: {total} notifications, {:.3} ms answering, {:.3} ms wall\n",
+            "sigma-supervise stats: {total} notifications, {:.3} ms deciding, {:.3} ms wall\n",
             nanos as f64 / 1e6,
             wall.as_secs_f64() * 1e3
         );
@@ -163,5 +163,68 @@ impl TraceSink {
         if let Ok(mut out) = self.out.lock() {
             let _ = out.flush();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_display_with_errno_names() {
+        assert_eq!(Decision::Continue.to_string(), "continue");
+        assert_eq!(Decision::Deny(libc::EACCES).to_string(), "deny(EACCES)");
+        assert_eq!(Decision::Serve(None).to_string(), "serve");
+        assert_eq!(
+            Decision::Serve(Some(libc::ENOENT)).to_string(),
+            "serve(ENOENT)"
+        );
+        assert_eq!(Decision::Refused(libc::EPERM).to_string(), "refused(EPERM)");
+    }
+
+    #[test]
+    fn report_counts_per_syscall_and_decision() {
+        let s = Stats::new();
+        let openat = libc::SYS_openat as i32;
+        let stat = libc::SYS_newfstatat as i32;
+        for _ in 0..3 {
+            s.record(stat, Decision::Continue, 1000);
+        }
+        s.record(openat, Decision::Serve(None), 2000);
+        s.record(openat, Decision::Deny(libc::EACCES), 1000);
+        let r = s.report(std::time::Duration::from_millis(10));
+        let lines: Vec<&str> = r.lines().collect();
+        assert_eq!(
+            lines[0],
+            "sigma-supervise stats: 5 notifications, 0.006 ms deciding, 10.000 ms wall"
+        );
+        assert_eq!(
+            &lines[1..],
+            [
+                "  newfstatat continue 3",
+                "  openat deny 1",
+                "  openat serve 1"
+            ]
+        );
+    }
+
+    #[test]
+    fn trace_line_escapes_tabs_and_newlines() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("t");
+        let t = TraceSink::open(Some(&f)).unwrap().unwrap();
+        t.line(
+            7,
+            "openat",
+            Some(Path::new("/a\tb\nc")),
+            Decision::Continue,
+            12,
+        );
+        t.line(7, "getppid", None, Decision::Refused(libc::EPERM), 1);
+        t.flush();
+        assert_eq!(
+            std::fs::read_to_string(&f).unwrap(),
+            "7\topenat\t/a\\tb\\nc\tcontinue\t12\n7\tgetppid\t-\trefused(EPERM)\t1\n"
+        );
     }
 }

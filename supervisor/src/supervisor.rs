@@ -10,7 +10,7 @@ use crate::policy::{Kind, Policy};
 use crate::serve::{Deferred, LocalDirs, Resolver};
 use crate::spawn::{handled_signals, Child};
 use crate::stats::{self, Decision, Stats, TraceSink, MAX_SYSCALL};
-use crate::{sys, Failure, Pin};
+use crate::{sys, Failure};
 use anyhow::{anyhow, Context as _};
 use nix::errno::Errno;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -81,9 +81,11 @@ fn handle(sh: &Arc<Shared>, st: &mut LoopState, n: &Notification) {
             Err(Errno::EPERM)
         }
     };
+    // Timed up to the answer: with SYNC_WAKE_UP the answer itself may run the target on this
+    // CPU before the ioctl returns, which is the target's time, not ours.
+    let nanos = t0.map(|t0| t0.elapsed().as_nanos() as u64);
     answer(&sh.listener, n.id, result);
-    if let Some(t0) = t0 {
-        let nanos = t0.elapsed().as_nanos() as u64;
+    if let Some(nanos) = nanos {
         let d = st.info.decision.unwrap_or(Decision::Continue);
         sh.stats.record(n.syscall, d, nanos);
         if let Some(tr) = &sh.trace {
@@ -173,7 +175,7 @@ pub fn supervise(
     policy: Policy,
     trace: Option<TraceSink>,
     want_stats: bool,
-    pin: Pin,
+    pin_cpu: Option<usize>,
 ) -> Result<u8, Failure> {
     let started = Instant::now();
     let (kinds, warnings) = policy.kinds(MAX_SYSCALL)?;
@@ -200,10 +202,6 @@ pub fn supervise(
         timing: want_stats || trace.is_some(),
         trace,
     });
-    let pin_cpu = match pin {
-        Pin::Off => None,
-        Pin::Shared => sys::current_cpu(),
-    };
     let sh2 = Arc::clone(&sh);
     std::thread::Builder::new()
         .name("sigma-notify".into())

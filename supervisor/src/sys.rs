@@ -177,3 +177,15 @@ pub fn readonly_tree(dir: &CStr) -> Result<OwnedFd, Errno> {
     Errno::result(rc)?;
     Ok(fd)
 }
+
+/// Restore SIGPIPE's default action (the Rust runtime ignores it, and an ignored disposition
+/// survives execve): the target must see the signals a shell would give it.
+pub fn default_sigpipe() {
+    // SAFETY: installing SIG_DFL runs no handler code; called in the single-threaded child.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        )
+    };
+}
