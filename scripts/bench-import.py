@@ -6,6 +6,8 @@ extra supervised run with --stats. Several supervisor configurations can be comp
 
     python3 scripts/bench-import.py                      # default options, 30 pairs
     python3 scripts/bench-import.py -n 50 --config off= --config shared='--pin shared'
+    python3 scripts/bench-import.py --rt      # both sides SCHED_FIFO: a busy machine's queueing
+                                              # does not drown the difference
 
 The supervisor binary defaults to $CARGO_TARGET_DIR/release/sigma-supervise, else
 target/release/sigma-supervise (build it with `cargo build --release -p sigma-supervise`).
@@ -48,6 +50,9 @@ def main() -> None:
     ap.add_argument("--supervisor", default=default_supervisor())
     ap.add_argument("--python", default="python3")
     ap.add_argument("--code", default="import json")
+    ap.add_argument("--rt", action="store_true",
+                    help="run both sides under `chrt -f 50` (SCHED_FIFO, needs root) so that other "
+                         "load on the machine does not queue them")
     ap.add_argument("--config", action="append", default=[],
                     help="NAME=OPTIONS for sigma-supervise (repeatable; default: default=)")
     args = ap.parse_args()
@@ -58,8 +63,10 @@ def main() -> None:
     for c in args.config or ["default="]:
         name, _, opts = c.partition("=")
         configs.append((name, shlex.split(opts)))
-    bare_cmd = [py, "-c", args.code]
-    sup_cmds = {name: [args.supervisor, *opts, "--", py, "-c", args.code] for name, opts in configs}
+    prefix = ["chrt", "-f", "50"] if args.rt else []
+    bare_cmd = [*prefix, py, "-c", args.code]
+    sup_cmds = {name: [*prefix, args.supervisor, *opts, "--", py, "-c", args.code]
+                for name, opts in configs}
 
     for cmd in [bare_cmd, *sup_cmds.values()]:  # warm the page cache
         timed(cmd)
@@ -71,7 +78,8 @@ def main() -> None:
             sup[name].append(timed(cmd))
 
     b = statistics.median(bare)
-    print(f"python: {py}   code: {args.code!r}   pairs: {args.n}   cpus: {os.cpu_count()}")
+    print(f"python: {py}   code: {args.code!r}   pairs: {args.n}   cpus: {os.cpu_count()}   "
+          f"load: {os.getloadavg()[0]:.1f}   {'SCHED_FIFO' if args.rt else 'SCHED_OTHER'}")
     print(f"bare        median {b * 1e3:8.2f} ms   (min {min(bare) * 1e3:.2f})")
     for name, opts in configs:
         s = statistics.median(sup[name])

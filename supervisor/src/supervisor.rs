@@ -110,11 +110,15 @@ fn receive_loop(sh: Arc<Shared>, pin_cpu: Option<usize>) {
         refused_logged: vec![false; MAX_SYSCALL],
     };
     loop {
-        match sh.listener.recv() {
-            Ok(n) => handle(&sh, &mut st, &n),
+        match sh.listener.recv_or_hup() {
+            Ok(Some(n)) => handle(&sh, &mut st, &n),
+            Ok(None) => {
+                tracing::debug!("no task uses the filter any more: receive loop ends");
+                return;
+            }
             Err(e) => {
                 // Only a broken listener gets here; the main thread ends the run by reaping.
-                tracing::debug!("receive loop ends: {e}");
+                tracing::warn!("receive loop ends: {e}");
                 return;
             }
         }
