@@ -6,11 +6,13 @@
 //! - [`Listener`]: receive notifications, answer them, inject fds, check ids.
 //! - [`mem`]: read paths from / write bytes to the target's memory, re-checking the id.
 //! - [`path`]: resolve dirfd/cwd-relative paths as the target sees them.
+//! - [`probe`]: a forked target that makes notified calls on demand (benchmarks, tests).
 
 pub mod filter;
 pub mod listener;
 pub mod mem;
 pub mod path;
+pub mod probe;
 
 pub use filter::{Action, ArgCmp, CmpOp, CompiledFilter, FilterSpec, SyscallRule};
 pub use listener::{Listener, Notification, Response};

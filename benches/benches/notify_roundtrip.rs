@@ -1,0 +1,95 @@
+//! One notified syscall round trip against a real forked child under a real filter.
+//!
+//! Each sample is a batch timed with `iter_custom`: the probe child is told to make `iters`
+//! `getppid` calls; this thread receives and answers each one; the batch ends when the child
+//! reports back. One pipe round trip per batch is included (amortised over the batch).
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use notify::probe::{ProbeChild, ProbeOptions};
+use notify::Response;
+use sigma_benches::getppid_notify_filter;
+use std::hint::black_box;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug)]
+enum Answer {
+    Continue,
+    Errno,
+    AddfdSend,
+}
+
+impl Answer {
+    fn name(self) -> &'static str {
+        match self {
+            Answer::Continue => "continue",
+            Answer::Errno => "errno",
+            Answer::AddfdSend => "addfd_send",
+        }
+    }
+}
+
+fn run_batch(
+    child: &ProbeChild,
+    answer: Answer,
+    fd: std::os::fd::BorrowedFd<'_>,
+    n: u64,
+) -> Duration {
+    let l = child.listener();
+    let start = Instant::now();
+    child.start(n).expect("probe child alive");
+    for _ in 0..n {
+        let notif = l.recv().expect("recv");
+        match answer {
+            Answer::Continue => l
+                .respond(notif.id, Response::continue_unchecked())
+                .expect("respond"),
+            Answer::Errno => l
+                .respond(notif.id, Response::Errno(libc::EPERM))
+                .expect("respond"),
+            Answer::AddfdSend => {
+                black_box(l.addfd_send(notif.id, fd, true).expect("addfd"));
+            }
+        }
+    }
+    let last = child.finish().expect("probe child finished the batch");
+    let elapsed = start.elapsed();
+    match answer {
+        Answer::Continue => assert!(last > 0, "continued getppid returns our pid"),
+        Answer::Errno => assert_eq!(last, -1),
+        Answer::AddfdSend => assert!(last >= 0, "addfd answer is an fd"),
+    }
+    elapsed
+}
+
+fn notify_roundtrip(c: &mut Criterion) {
+    let filter = getppid_notify_filter();
+    // The fd injected by the addfd answers (the child closes each copy).
+    let devnull = std::fs::File::open("/dev/null").expect("/dev/null");
+    let mut g = c.benchmark_group("notify_roundtrip");
+    g.bench_function("bare_getppid", |b| {
+        b.iter(|| black_box(nix::unistd::getppid()))
+    });
+    for answer in [Answer::Continue, Answer::Errno, Answer::AddfdSend] {
+        for sync in [false, true] {
+            let opts = ProbeOptions {
+                close_results: matches!(answer, Answer::AddfdSend),
+                cpu: None,
+            };
+            let child = ProbeChild::spawn(&filter, opts).expect("spawn probe child");
+            if sync {
+                child
+                    .listener()
+                    .set_sync_wakeup()
+                    .expect("SYNC_WAKE_UP on this kernel");
+            }
+            let id = BenchmarkId::new(answer.name(), if sync { "sync_wakeup" } else { "plain" });
+            g.bench_function(id, |b| {
+                b.iter_custom(|iters| run_batch(&child, answer, devnull.as_fd(), iters))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, notify_roundtrip);
+criterion_main!(benches);
