@@ -44,8 +44,9 @@ pub struct Cli {
     #[arg(long)]
     pub stats: bool,
 
-    /// CPU placement of the notification thread and the target. `auto` pins the target and the
-    /// notification thread to one shared CPU when the target is single-CPU bound (see README).
+    /// CPU placement of the target and the notification thread. `off` leaves it to the
+    /// scheduler (SYNC_WAKE_UP wakes each side on the other's CPU); `shared` pins both to the CPU
+    /// the supervisor starts on (the target then cannot use more than one CPU).
     #[arg(long, value_enum, default_value_t = Pin::Off)]
     pub pin: Pin,
 

@@ -132,3 +132,49 @@ impl Deferred {
         let _ = sender.send(job);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deferred_jobs_run_off_the_submitting_thread() {
+        let d = Deferred::default();
+        let (tx, rx) = mpsc::channel();
+        let me = std::thread::current().id();
+        for i in 0..4 {
+            let tx = tx.clone();
+            d.submit(Box::new(move || {
+                let _ = tx.send((i, std::thread::current().id() != me));
+            }));
+        }
+        let mut got: Vec<_> = (0..4).map(|_| rx.recv().unwrap()).collect();
+        got.sort();
+        assert_eq!(got, [(0, true), (1, true), (2, true), (3, true)]);
+    }
+
+    #[test]
+    fn served_opens_stay_beneath_a_read_only_view() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir.path().join("abs")).unwrap();
+        std::os::unix::fs::symlink("../", dir.path().join("up")).unwrap();
+        let s = Served::open("/p".into(), dir.path().to_path_buf()).unwrap();
+        let e = ResolveFlag::empty();
+        assert!(s.openat(Path::new("f"), OFlag::O_RDONLY, e).is_ok());
+        assert!(s.openat(Path::new(""), OFlag::O_DIRECTORY, e).is_ok());
+        assert_eq!(
+            s.openat(Path::new("abs"), OFlag::O_RDONLY, e).unwrap_err(),
+            Errno::ENOENT
+        );
+        assert_eq!(
+            s.openat(Path::new("up/x"), OFlag::O_RDONLY, e).unwrap_err(),
+            Errno::ENOENT
+        );
+        assert_eq!(
+            s.openat(Path::new("f"), OFlag::O_WRONLY, e).unwrap_err(),
+            Errno::EROFS
+        );
+        assert!(Served::open("/p".into(), dir.path().join("f")).is_err());
+    }
+}
