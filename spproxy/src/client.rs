@@ -182,8 +182,28 @@ impl Client {
     /// Sends any request and decodes the reply as `P` (RPC-level errors become
     /// `Error::Sigma`; the reply's own `err` field is left for the caller to check).
     pub fn call<Q: RpcMessage, P: RpcMessage>(&self, method: &str, req: Q) -> Result<P, Error> {
+        self.call_encoded(method, |seqno| rpc::encode_request(seqno, method, req))
+    }
+
+    /// Sends `msg` (holding an empty Blob) with `data` as its one blob frame.
+    fn call_with_blob<Q: RpcMessage, P: RpcMessage>(
+        &self,
+        method: &str,
+        msg: Q,
+        data: &[u8],
+    ) -> Result<P, Error> {
+        self.call_encoded(method, |seqno| {
+            rpc::encode_request_with_blob(seqno, method, &msg, &[data])
+        })
+    }
+
+    fn call_encoded<P: RpcMessage>(
+        &self,
+        method: &str,
+        encode: impl FnOnce(u64) -> Vec<u8>,
+    ) -> Result<P, Error> {
         let seqno = self.next_seqno.fetch_add(1, Ordering::Relaxed);
-        let buf = rpc::encode_request(seqno, method, req);
+        let buf = encode(seqno);
         {
             let mut st = lock(&self.state);
             if let Some(d) = &st.dead {
@@ -328,7 +348,9 @@ impl Client {
 
     /// Writes `data` at the fd's offset; returns the bytes written.
     pub fn write(&self, fd: u32, data: &[u8]) -> Result<u64, Error> {
-        let r: SigmaSizeRep = self.call_api(api::write(fd, data))?;
+        let (m, mut q) = api::write(fd, &[]);
+        q.blob = Some(Blob::default());
+        let r: SigmaSizeRep = self.call_with_blob(m, q, data)?;
         Error::check(r.err)?;
         Ok(r.size)
     }
@@ -361,8 +383,9 @@ impl Client {
         offset: u64,
         lease_id: u64,
     ) -> Result<u64, Error> {
-        let r: SigmaSizeRep =
-            self.call_api(api::put_file(path, perm, mode, data, offset, lease_id))?;
+        let (m, mut q) = api::put_file(path, perm, mode, &[], offset, lease_id);
+        q.blob = Some(Blob::default());
+        let r: SigmaSizeRep = self.call_with_blob(m, q, data)?;
         Error::check(r.err)?;
         Ok(r.size)
     }

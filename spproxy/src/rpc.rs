@@ -81,6 +81,27 @@ pub fn request_frames<M: RpcMessage>(method: &str, mut msg: M) -> Vec<Vec<u8>> {
     frames
 }
 
+/// The bytes of a request whose blob data the caller still holds: `msg` must carry an
+/// empty Blob (as after clearing) and `blob` is sent as the trailing frames, uncopied
+/// until the one output buffer is built.
+pub fn encode_request_with_blob<M: RpcMessage>(
+    seqno: u64,
+    method: &str,
+    msg: &M,
+    blob: &[&[u8]],
+) -> Vec<u8> {
+    let req = Req {
+        method: method.to_owned(),
+    }
+    .encode_to_vec();
+    let body = msg.encode_to_vec();
+    let mut frames: Vec<&[u8]> = Vec::with_capacity(2 + blob.len());
+    frames.push(&req);
+    frames.push(&body);
+    frames.extend_from_slice(blob);
+    frame::encode(seqno, &frames)
+}
+
 /// The bytes of a whole request message.
 pub fn encode_request<M: RpcMessage>(seqno: u64, method: &str, msg: M) -> Vec<u8> {
     frame::encode(seqno, &request_frames(method, msg))
