@@ -112,6 +112,8 @@ struct State {
 /// A connection to spproxyd (or the embedded server). `Send + Sync`: share it by reference
 /// or in an `Arc` across threads.
 pub struct Client {
+    /// A handle used only to shut the socket down, so that never waits for the writer.
+    ctl: UnixStream,
     writer: Mutex<UnixStream>,
     reader: Mutex<BufReader<UnixStream>>,
     state: Mutex<State>,
@@ -146,11 +148,21 @@ impl Client {
                     .ok()
                     .filter(|p| !p.is_empty())
                     .unwrap_or_else(|| DEFAULT_SOCKET.to_owned());
-                UnixStream::connect(&path)
-                    .map_err(|e| io_context(e, &format!("connecting to spproxyd at {path}")))?
+                return Client::connect(path, pe);
             }
         };
         Client::from_stream(stream, pe)
+    }
+
+    /// Connects to the spproxy socket at `path` and sends Init (see [`Client::from_stream`]).
+    pub fn connect(
+        path: impl AsRef<std::path::Path>,
+        procenv: Option<ProcEnvProto>,
+    ) -> Result<Client, Error> {
+        let path = path.as_ref();
+        let s = UnixStream::connect(path)
+            .map_err(|e| io_context(e, &format!("connecting to spproxyd at {}", path.display())))?;
+        Client::from_stream(s, procenv)
     }
 
     /// Takes a connected stream and sends Init with `procenv`, or a minimal ProcEnv
@@ -169,7 +181,11 @@ impl Client {
         let r = s
             .try_clone()
             .map_err(|e| io_context(e, "duplicating the spproxy socket"))?;
+        let ctl = s
+            .try_clone()
+            .map_err(|e| io_context(e, "duplicating the spproxy socket"))?;
         Ok(Client {
+            ctl,
             writer: Mutex::new(s),
             reader: Mutex::new(BufReader::with_capacity(64 * 1024, r)),
             state: Mutex::new(State::default()),
@@ -232,7 +248,7 @@ impl Client {
             st.dead = Some(why);
             st.replies.clear();
             st.waiting.clear();
-            let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
+            let _ = self.ctl.shutdown(std::net::Shutdown::Both);
         }
         self.cond.notify_all();
     }
