@@ -495,3 +495,14 @@ print("parent exits")
     assert_eq!(std::fs::read_to_string(&marker).unwrap(), "done");
     assert!(stderr(&o).contains("denied getppid"), "{}", stderr(&o));
 }
+
+#[test]
+fn script_in_a_served_dir_runs_and_imports_its_siblings() {
+    let app = tempfile::tempdir().unwrap();
+    std::fs::write(app.path().join("main.py"), "import sib\nprint('script', sib.V)\n").unwrap();
+    std::fs::write(app.path().join("sib.py"), "V = 5\n").unwrap();
+    let serve = format!("/app={}", app.path().display());
+    let o = run(sup().args(["--serve", &serve, "python3", "/app/main.py"]));
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "script 5\n");
+}
