@@ -4,8 +4,9 @@
 Prints the median of each side, the ratio supervised/bare, and the notification counts of one
 extra supervised run with --stats. Several supervisor configurations can be compared in one run:
 
-    python3 scripts/bench-import.py                      # default options, 30 pairs
-    python3 scripts/bench-import.py -n 50 --config off= --config shared='--pin shared'
+    python3 scripts/bench-import.py                      # elided / notified / serve-rule, 30 pairs
+    python3 scripts/bench-import.py -n 50 --config off=--always-notify \
+        --config shared='--always-notify --pin shared'
     python3 scripts/bench-import.py --rt      # both sides SCHED_FIFO: a busy machine's queueing
                                               # does not drown the difference
 
@@ -54,13 +55,21 @@ def main() -> None:
                     help="run both sides under `chrt -f 50` (SCHED_FIFO, needs root) so that other "
                          "load on the machine does not queue them")
     ap.add_argument("--config", action="append", default=[],
-                    help="NAME=OPTIONS for sigma-supervise (repeatable; default: default=)")
+                    help="NAME=OPTIONS for sigma-supervise (repeatable; default: elided, "
+                         "notified (--always-notify) and serve-rule (--serve))")
     args = ap.parse_args()
+    import tempfile
+    served = tempfile.mkdtemp(prefix="bench-import-serve-")
     if not os.access(args.supervisor, os.X_OK):
         sys.exit(f"bench-import: {args.supervisor} not found; run `cargo build --release -p sigma-supervise`")
     py = real_python(args.python)
     configs = []
-    for c in args.config or ["default="]:
+    default_configs = [
+        "elided=",                                   # no path rule: path calls not notified
+        "notified=--always-notify",                  # every path call notified, answered continue
+        f"serve-rule=--serve /sigma/bench={served}",  # a rule: every path read and decided
+    ]
+    for c in args.config or default_configs:
         name, _, opts = c.partition("=")
         configs.append((name, shlex.split(opts)))
     prefix = ["chrt", "-f", "50"] if args.rt else []
@@ -83,7 +92,7 @@ def main() -> None:
     print(f"bare        median {b * 1e3:8.2f} ms   (min {min(bare) * 1e3:.2f})")
     for name, opts in configs:
         s = statistics.median(sup[name])
-        stats = subprocess.run([args.supervisor, "--stats", *opts, "--", py, "-c", args.code],
+        stats = subprocess.run([args.supervisor, *opts, "--stats", "--", py, "-c", args.code],
                                capture_output=True, text=True)
         header = next((l for l in stats.stderr.splitlines() if l.startswith("sigma-supervise stats:")), "?")
         count = header.split()[2] if header != "?" else "?"

@@ -32,22 +32,34 @@ fn bench(c: &mut Criterion) {
     g.bench_function("bare", |b| {
         b.iter(|| run(Command::new(&py).args(["-c", "import json"])))
     });
-    g.bench_function("supervised (sigmaos)", |b| {
-        b.iter(|| {
-            run(Command::new(SUP)
-                .arg("--")
-                .arg(&py)
-                .args(["-c", "import json"]))
-        })
-    });
-    g.bench_function("supervised (sigmaos, --pin shared)", |b| {
-        b.iter(|| {
-            run(Command::new(SUP)
-                .args(["--pin", "shared", "--"])
-                .arg(&py)
-                .args(["-c", "import json"]))
-        })
-    });
+    let served = tempfile::tempdir().expect("tempdir");
+    let serve = format!("/sigma/bench={}", served.path().display());
+    let variants: [(&str, Vec<&str>); 4] = [
+        ("supervised, no path rule (path calls elided)", vec![]),
+        (
+            "supervised, every path call notified",
+            vec!["--always-notify"],
+        ),
+        (
+            "supervised, a serve rule (paths read+decided)",
+            vec!["--serve", &serve],
+        ),
+        (
+            "supervised, every path call notified, --pin shared",
+            vec!["--always-notify", "--pin", "shared"],
+        ),
+    ];
+    for (name, opts) in variants {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                run(Command::new(SUP)
+                    .args(&opts)
+                    .arg("--")
+                    .arg(&py)
+                    .args(["-c", "import json"]))
+            })
+        });
+    }
     g.finish();
 }
 

@@ -50,6 +50,12 @@ pub struct Cli {
     #[arg(long, value_enum, default_value_t = Pin::Off)]
     pub pin: Pin,
 
+    /// Notify path calls even when no path rule needs them (for --stats, measurement,
+    /// debugging). Without it, a run with no serve/deny rule and no --trace lets the kernel run
+    /// path calls directly.
+    #[arg(long)]
+    pub always_notify: bool,
+
     /// More logging (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -130,7 +136,11 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         Pin::Off => None,
         Pin::Shared => sys::current_cpu(),
     };
-    let prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu)?;
+    let elide = !cli.always_notify && trace.is_none() && !policy.has_path_rules();
+    if elide {
+        tracing::info!("no path rule and no --trace: path calls run without notification");
+    }
+    let prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu, elide)?;
     let child = spawn::spawn(prepared)?;
     let status = supervisor::supervise(child, policy, trace, cli.stats, pin_cpu)?;
     Ok(status)

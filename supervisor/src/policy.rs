@@ -71,8 +71,26 @@ impl Policy {
         !self.profile.path_rules().is_empty()
     }
 
-    pub fn filter_spec(&self) -> notify::FilterSpec {
-        self.profile.filter_spec()
+    /// The filter to install. With `elide_paths` (no path rule exists and nothing traces), every
+    /// path decision is statically `Continue`, so the notified path calls are allowed in the
+    /// kernel instead: the same outcome without a round trip per call. Unlisted syscalls keep the
+    /// profile's default (still notified and logged when the profile logs them).
+    pub fn filter_spec(&self, elide_paths: bool) -> notify::FilterSpec {
+        let mut spec = self.profile.filter_spec();
+        if elide_paths {
+            let notified = self.profile.notified_syscalls();
+            spec.rules.retain(|r| !notified.contains(&r.name));
+            spec.rules
+                .extend(notified.into_iter().map(|name| notify::SyscallRule {
+                    name,
+                    action: notify::Action::Allow,
+                    when: Vec::new(),
+                }));
+            if spec.default == notify::Action::Allow {
+                spec.rules.retain(|r| r.action != notify::Action::Allow);
+            }
+        }
+        spec
     }
 
     pub fn served(&self) -> &[Served] {

@@ -138,6 +138,7 @@ pub fn prepare(
     command: &[OsString],
     policy: &Policy,
     pin_cpu: Option<usize>,
+    elide_paths: bool,
 ) -> anyhow::Result<Prepared> {
     let path = cstring(program.as_os_str())?;
     let argv = command
@@ -153,7 +154,7 @@ pub fn prepare(
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let filter = policy
-        .filter_spec()
+        .filter_spec(elide_paths)
         .compile()
         .context("compiling the seccomp filter")?;
     let hides = policy

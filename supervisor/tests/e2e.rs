@@ -416,7 +416,7 @@ fn trace_lines_have_pid_syscall_path_decision_micros() {
 
 #[test]
 fn stats_counts_add_up() {
-    let o = run(sup().args(["--stats", "python3", "-c", "import json"]));
+    let o = run(sup().args(["--stats", "--always-notify", "python3", "-c", "import json"]));
     assert_eq!(o.status.code(), Some(0));
     let err = stderr(&o);
     let header = err
@@ -499,10 +499,35 @@ print("parent exits")
 #[test]
 fn script_in_a_served_dir_runs_and_imports_its_siblings() {
     let app = tempfile::tempdir().unwrap();
-    std::fs::write(app.path().join("main.py"), "import sib\nprint('script', sib.V)\n").unwrap();
+    std::fs::write(
+        app.path().join("main.py"),
+        "import sib\nprint('script', sib.V)\n",
+    )
+    .unwrap();
     std::fs::write(app.path().join("sib.py"), "V = 5\n").unwrap();
     let serve = format!("/app={}", app.path().display());
     let o = run(sup().args(["--serve", &serve, "python3", "/app/main.py"]));
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(stdout(&o), "script 5\n");
+}
+
+#[test]
+fn without_path_rules_path_calls_are_not_notified_but_denials_still_are() {
+    let o = run(sup().args(["--stats", "python3", "-c", "import json, os\nos.getppid()"]));
+    assert_eq!(o.status.code(), Some(0));
+    let err = stderr(&o);
+    assert!(
+        err.contains("sigma-supervise stats: 1 notifications"),
+        "{err}"
+    );
+    assert!(err.contains("  getppid refused 1"), "{err}");
+    // A serve rule brings the path calls back to the supervisor.
+    let dir = tempfile::tempdir().unwrap();
+    let serve = format!("/sigma/x={}", dir.path().display());
+    let o = run(sup().args(["--stats", "--serve", &serve, "python3", "-c", "import json"]));
+    let err = stderr(&o);
+    assert!(
+        err.lines().any(|l| l.starts_with("  newfstatat continue ")),
+        "{err}"
+    );
 }
