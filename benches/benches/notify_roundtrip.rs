@@ -3,7 +3,13 @@
 //! Each sample is a batch timed with `iter_custom`: the probe child is told to make `iters`
 //! `getppid` calls; this thread receives and answers each one; the batch ends when the child
 //! reports back. One pipe round trip per batch is included (amortised over the batch).
+//!
+//! Variants: `plain` (scheduler places both sides), `sync_wakeup` (listener flagged with
+//! SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP), `same_cpu` / `same_cpu_sync_wakeup` (this thread and
+//! the child both pinned to CPU 0). The addfd variants include the child's close(2).
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
 use notify::probe::{ProbeChild, ProbeOptions};
 use notify::Response;
 use sigma_benches::getppid_notify_filter;
@@ -69,11 +75,13 @@ fn notify_roundtrip(c: &mut Criterion) {
     g.bench_function("bare_getppid", |b| {
         b.iter(|| black_box(nix::unistd::getppid()))
     });
+    let unpinned = sched_getaffinity(Pid::from_raw(0)).expect("sched_getaffinity");
     for answer in [Answer::Continue, Answer::Errno, Answer::AddfdSend] {
-        for sync in [false, true] {
+        // (sync wake-up, both sides pinned to CPU 0)
+        for (sync, pinned) in [(false, false), (true, false), (false, true), (true, true)] {
             let opts = ProbeOptions {
                 close_results: matches!(answer, Answer::AddfdSend),
-                cpu: None,
+                cpu: pinned.then_some(0),
             };
             let child = ProbeChild::spawn(&filter, opts).expect("spawn probe child");
             if sync {
@@ -82,10 +90,20 @@ fn notify_roundtrip(c: &mut Criterion) {
                     .set_sync_wakeup()
                     .expect("SYNC_WAKE_UP on this kernel");
             }
-            let id = BenchmarkId::new(answer.name(), if sync { "sync_wakeup" } else { "plain" });
-            g.bench_function(id, |b| {
+            let mut cpu0 = CpuSet::new();
+            cpu0.set(0).expect("cpu 0");
+            let here = if pinned { cpu0 } else { unpinned };
+            sched_setaffinity(Pid::from_raw(0), &here).expect("sched_setaffinity");
+            let variant = match (sync, pinned) {
+                (false, false) => "plain",
+                (true, false) => "sync_wakeup",
+                (false, true) => "same_cpu",
+                (true, true) => "same_cpu_sync_wakeup",
+            };
+            g.bench_function(BenchmarkId::new(answer.name(), variant), |b| {
                 b.iter_custom(|iters| run_batch(&child, answer, devnull.as_fd(), iters))
             });
+            sched_setaffinity(Pid::from_raw(0), &unpinned).expect("sched_setaffinity");
         }
     }
     g.finish();
