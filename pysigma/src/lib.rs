@@ -553,7 +553,7 @@ fn rename(py: Python<'_>, src: String, dst: String) -> PyResult<()> {
     with_default!(py, |c| c.rename(py, src, dst))
 }
 
-/// Starts an embedded realm server on `socket_path` in a background thread (for tests and
+/// Starts an embedded realm server on `socket_path` in background threads (for tests and
 /// benchmarks): `name/ux/~local/...` is `scratch_dir`, `name/s3/~local/BUCKET/...` is `s3_dir`.
 #[pyfunction]
 fn _serve_local(
@@ -561,8 +561,8 @@ fn _serve_local(
     socket_path: String,
     scratch_dir: String,
     s3_dir: String,
-) -> PyResult<()> {
-    py.detach(|| server::serve_local(&socket_path, &scratch_dir, &s3_dir))
+) -> PyResult<server::LocalServer> {
+    py.detach(|| server::LocalServer::start(&socket_path, &scratch_dir, &s3_dir))
         .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("embedded realm server: {e}")))
 }
 
@@ -574,6 +574,7 @@ fn _pysigma(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<File>()?;
     m.add_class::<Stat>()?;
     m.add_class::<Qid>()?;
+    m.add_class::<server::LocalServer>()?;
     errors::register(m)?;
     types::add_constants(m)?;
     m.add_function(wrap_pyfunction!(connect, m)?)?;

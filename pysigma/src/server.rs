@@ -1,22 +1,64 @@
 //! The embedded realm server, started in-process for tests and benchmarks.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use spproxy::server::{Listener, LocalDirStore, Server, ServerConfig, ServerError};
 
-/// Listeners started by `_serve_local`; they serve until the process exits.
-static LISTENERS: Mutex<Vec<Listener>> = Mutex::new(Vec::new());
+/// A running embedded realm server (`_serve_local`). It serves on background threads until
+/// `shutdown()` or the end of the process.
+#[pyclass(frozen, module = "pysigma._pysigma", name = "_LocalServer")]
+pub(crate) struct LocalServer {
+    server: Server,
+    listener: Mutex<Option<Listener>>,
+    socket: String,
+}
 
-/// Serves a realm on `socket`: `name/ux/~local/` is `scratch`, `name/s3/~local/` is `s3`.
-/// Returns once the socket accepts connections; the server runs on background threads.
-pub(crate) fn serve_local(socket: &str, scratch: &str, s3: &str) -> Result<(), ServerError> {
-    let store = Arc::new(LocalDirStore::new(s3));
-    let srv = Server::new(ServerConfig::new("pysigma-local", scratch, store))?;
-    let listener = srv.bind(Path::new(socket))?;
-    LISTENERS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(listener);
-    Ok(())
+impl LocalServer {
+    /// Serves a realm on `socket`: `name/ux/~local/` is `scratch`, `name/s3/~local/` is `s3`.
+    /// Returns once the socket accepts connections.
+    pub(crate) fn start(socket: &str, scratch: &str, s3: &str) -> Result<Self, ServerError> {
+        let store = std::sync::Arc::new(LocalDirStore::new(s3));
+        let server = Server::new(ServerConfig::new("pysigma-local", scratch, store))?;
+        let listener = server.bind(Path::new(socket))?;
+        Ok(LocalServer {
+            server,
+            listener: Mutex::new(Some(listener)),
+            socket: socket.to_owned(),
+        })
+    }
+}
+
+#[pymethods]
+impl LocalServer {
+    #[getter]
+    fn socket(&self) -> &str {
+        &self.socket
+    }
+
+    /// What procs reported: `{"started": bool, "exited": (status, msg) | None, "pid": str |
+    /// None, "calls": int}`.
+    fn proc_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.server.proc_state();
+        let d = PyDict::new(py);
+        d.set_item("started", st.started)?;
+        d.set_item("exited", st.exited)?;
+        d.set_item("pid", st.pid)?;
+        d.set_item("calls", st.calls)?;
+        Ok(d)
+    }
+
+    /// Stops accepting connections and removes the socket; open connections keep running.
+    fn shutdown(&self, py: Python<'_>) {
+        let l = self
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(l) = l {
+            py.detach(|| l.shutdown());
+        }
+    }
 }

@@ -29,7 +29,10 @@ class Realm:
         self.scratch.mkdir()
         self.s3.mkdir()
         (self.s3 / BUCKET).mkdir()
-        _pysigma._serve_local(self.socket, str(self.scratch), str(self.s3))
+        self.server = _pysigma._serve_local(self.socket, str(self.scratch), str(self.s3))
+
+    def state(self) -> dict:
+        return self.server.proc_state()
 
 
 @pytest.fixture(scope="session")

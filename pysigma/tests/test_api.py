@@ -21,13 +21,24 @@ def test_public_names_are_exported() -> None:
     assert pysigma.STATUS_OK == 1
 
 
-def test_clnt_id_started_exited(sigma: pysigma.Client) -> None:
+def test_clnt_id_started_exited(sigma: pysigma.Client, realm: Realm) -> None:
     cid = pysigma.clnt_id()
     assert isinstance(cid, int)
     assert cid != pysigma.NO_CLNT_ID
     assert sigma.clnt_id() == cid  # the default client is the one module calls use
     pysigma.started()
-    pysigma.exited(status=pysigma.STATUS_OK, msg="done")
+    assert realm.state()["started"] is True
+    pysigma.exited(status=pysigma.STATUS_ERR, msg="it failed")
+    assert realm.state()["exited"] == (pysigma.STATUS_ERR, "it failed")
+    pysigma.exited()
+    assert realm.state()["exited"] == (pysigma.STATUS_OK, "")
+
+
+def test_calls_reach_the_server(sigma: pysigma.Client, realm: Realm) -> None:
+    before = realm.state()["calls"]
+    for _ in range(5):
+        pysigma.clnt_id()
+    assert realm.state()["calls"] == before + 5
 
 
 def test_separate_connections_get_separate_ids(realm: Realm) -> None:
@@ -151,9 +162,44 @@ def test_s3_paths(sigma: pysigma.Client, realm: Realm) -> None:
     assert pysigma.get_file(path) == b"in the bucket"
     assert pysigma.stat(path).length == len(b"in the bucket")
     assert (realm.s3 / BUCKET / "dir" / "obj.bin").read_bytes() == b"in the bucket"
+    with pysigma.open(path) as f:
+        assert f.read() == b"in the bucket"
+        assert f.pread(3, 3) == b"the"
     pysigma.remove(path)
     with pytest.raises(FileNotFoundError):
         pysigma.get_file(path)
+
+
+def test_s3_missing_bucket(sigma: pysigma.Client) -> None:
+    with pytest.raises(pysigma.SigmaNotFoundError) as ei:
+        pysigma.get_file(f"{S3}/no-such-bucket/key")
+    assert ei.value.code == pysigma.ECODE_NOTFOUND
+
+
+def test_path_outside_the_realm_is_permission_error(sigma: pysigma.Client) -> None:
+    with pytest.raises(PermissionError) as ei:
+        pysigma.get_file("name/ux/~local/../../etc/passwd")
+    assert isinstance(ei.value, pysigma.SigmaPermissionError)
+    assert ei.value.code == pysigma.ECODE_PERM
+    assert ei.value.name == "Perm"
+    assert ei.value.errno == errno.EACCES
+
+
+def test_unknown_server_is_not_found(sigma: pysigma.Client) -> None:
+    with pytest.raises(FileNotFoundError):
+        pysigma.stat("name/mongo/~local/x")
+
+
+def test_write_on_read_only_fd_is_permission_error(sigma: pysigma.Client, ux: str) -> None:
+    pysigma.put_file(f"{ux}/ro", b"x")
+    with pysigma.open(f"{ux}/ro", pysigma.OREAD) as f:
+        with pytest.raises(PermissionError):
+            f.write(b"y")
+
+
+def test_read_of_directory_fd_is_a_directory_error(sigma: pysigma.Client, ux: str) -> None:
+    with pytest.raises(IsADirectoryError):
+        pysigma.get_file(ux)
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -288,3 +334,48 @@ def test_connect_explicit_socket(realm: Realm) -> None:
     assert pysigma.client() is c
     assert pysigma.clnt_id() == c.clnt_id()
     pysigma.disconnect()
+
+
+def test_sigmaconfig_procenv_is_forwarded_at_init(realm: Realm, tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cfg = {"pidStr": "pytest-proc-7", "program": "test", "realmStr": "rootrealm"}
+    env = dict(os.environ, SIGMA_SPPROXY_SOCKET=realm.socket, SIGMACONFIG=json.dumps(cfg))
+    code = "import pysigma; pysigma.started(); print(pysigma.clnt_id())"
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert realm.state()["pid"] == "pytest-proc-7"
+
+
+def test_bad_sigmaconfig_is_a_clear_error(realm: Realm) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, SIGMA_SPPROXY_SOCKET=realm.socket, SIGMACONFIG="{not json")
+    p = subprocess.run([sys.executable, "-c", "import pysigma; pysigma.started()"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert "ConnectionError" in p.stderr and "SIGMACONFIG" in p.stderr, p.stderr
+
+
+def test_inherited_fd_from_sigma_spproxy_fd(realm: Realm) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(realm.socket)
+    env = dict(os.environ, SIGMA_SPPROXY_FD=str(s.fileno()))
+    env.pop("SIGMA_SPPROXY_SOCKET", None)  # the fd alone must be enough
+    code = "import pysigma; print(pysigma.clnt_id())"
+    p = subprocess.run([sys.executable, "-c", code], env=env, pass_fds=[s.fileno()],
+                       capture_output=True, text=True, timeout=60)
+    s.close()
+    assert p.returncode == 0, p.stderr
+    assert int(p.stdout) != pysigma.NO_CLNT_ID

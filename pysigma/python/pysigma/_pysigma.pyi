@@ -1,7 +1,7 @@
 """Stubs for the compiled module ``pysigma._pysigma`` (checked with ``mypy.stubtest``)."""
 
 from types import TracebackType
-from typing import Optional, Type, Union, final
+from typing import Any, Dict, Optional, Type, Union, final
 
 from typing_extensions import Buffer, Self
 
@@ -88,6 +88,7 @@ __all__ = [
     "SigmaPermissionError",
     "SigmaUnreachableError",
     "Stat",
+    "_LocalServer",
     "_serve_local",
     "client",
     "clnt_id",
@@ -307,4 +308,11 @@ def put_file(
 ) -> int: ...
 def remove(path: str) -> None: ...
 def rename(src: str, dst: str) -> None: ...
-def _serve_local(socket_path: str, scratch_dir: str, s3_dir: str) -> None: ...
+@final
+class _LocalServer:
+    @property
+    def socket(self) -> str: ...
+    def proc_state(self) -> Dict[str, Any]: ...
+    def shutdown(self) -> None: ...
+
+def _serve_local(socket_path: str, scratch_dir: str, s3_dir: str) -> _LocalServer: ...
