@@ -19,13 +19,23 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// State shared by the receive thread and serve workers.
+impl Shared {
+    fn name(&self, nr: usize) -> &str {
+        self.names
+            .get_or_init(|| (0..MAX_SYSCALL as i32).map(stats::syscall_name).collect())
+            .get(nr)
+            .map_or("?", String::as_str)
+    }
+}
+
 pub struct Shared {
     pub listener: Listener,
     pub policy: Policy,
     pub resolver: Box<dyn Resolver>,
     pub deferred: Deferred,
     kinds: Vec<Option<Kind>>,
-    names: Vec<String>,
+    /// Syscall names, built on first use (logging a denial, tracing).
+    names: std::sync::OnceLock<Vec<String>>,
     stats: Stats,
     trace: Option<TraceSink>,
     /// Whether to time calls and keep paths (only with --trace or --stats).
@@ -64,7 +74,7 @@ fn handle(sh: &Arc<Shared>, st: &mut LoopState, n: &Notification) {
             if let Some(i) = nr {
                 if !st.refused_logged[i] {
                     st.refused_logged[i] = true;
-                    tracing::warn!("denied {} (pid {})", sh.names[i], n.pid);
+                    tracing::warn!("denied {} (pid {})", sh.name(i), n.pid);
                 }
             }
             st.info.decision = Some(Decision::Refused(errno));
@@ -89,7 +99,7 @@ fn handle(sh: &Arc<Shared>, st: &mut LoopState, n: &Notification) {
         let d = st.info.decision.unwrap_or(Decision::Continue);
         sh.stats.record(n.syscall, d, nanos);
         if let Some(tr) = &sh.trace {
-            let name = nr.map(|i| sh.names[i].as_str()).unwrap_or("?");
+            let name = nr.map_or("?", |i| sh.name(i));
             tr.line(n.pid, name, st.info.path.as_deref(), d, nanos / 1000);
         }
     }
@@ -186,7 +196,6 @@ pub fn supervise(
     for w in warnings {
         tracing::warn!("{w}");
     }
-    let names = (0..MAX_SYSCALL as i32).map(stats::syscall_name).collect();
     let listener = Listener::from_fd(child.listener.try_clone().context("dup listener")?);
     match listener.set_sync_wakeup() {
         Ok(()) => tracing::debug!("SYNC_WAKE_UP set on the listener"),
@@ -201,7 +210,7 @@ pub fn supervise(
         resolver: Box::new(LocalDirs),
         deferred: Deferred::default(),
         kinds,
-        names,
+        names: std::sync::OnceLock::new(),
         stats: Stats::new(),
         timing: want_stats || trace.is_some(),
         trace,
