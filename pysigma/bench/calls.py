@@ -5,7 +5,7 @@ Each call runs N times (after a warm-up) against a realm server on a Unix socket
 the median and 90th percentile in microseconds, for the σPy-compatible `splib` functions and for
 the `Client` methods they wrap. ClntID is the round-trip floor (no file system work).
 
-    python3 pysigma/bench/calls.py [-n 2000] [--socket PATH]
+    python3 pysigma/bench/calls.py [-n 2000] [--tmp /dev/shm] [--socket PATH]
 
 Without --socket it starts the embedded realm server in-process (`pysigma._pysigma._serve_local`)
 on a temporary directory: its own thread, same process, real socket and protocol.
@@ -110,17 +110,20 @@ def main() -> int:
     ap.add_argument("--socket", help="an spproxy socket to use instead of the embedded server")
     ap.add_argument("--root", default="name/ux/~local",
                     help="realm directory the files go in (default name/ux/~local)")
+    ap.add_argument("--tmp", help="where the embedded server's directories go (default: $TMPDIR; "
+                    "/dev/shm takes the disk out of Create/Remove)")
     args = ap.parse_args()
 
     tmp = None
+    server_handle = None
     if args.socket is None:
-        tmp = tempfile.TemporaryDirectory(prefix="pysigma-bench-")
+        tmp = tempfile.TemporaryDirectory(prefix="pysigma-bench-", dir=args.tmp)
         for sub in ("ux", "s3"):
             os.mkdir(os.path.join(tmp.name, sub))
         args.socket = os.path.join(tmp.name, "spproxyd.sock")
-        _pysigma._serve_local(args.socket, os.path.join(tmp.name, "ux"),
+        server_handle = _pysigma._serve_local(args.socket, os.path.join(tmp.name, "ux"),
                               os.path.join(tmp.name, "s3"))
-        server = "embedded realm server (same process, own threads)"
+        server = f"embedded realm server (same process, own threads) in {tmp.name}"
     else:
         server = args.socket
     os.environ["SIGMA_SPPROXY_SOCKET"] = args.socket
@@ -146,6 +149,7 @@ def main() -> int:
         c50, c90 = summary(results["client"][name])
         print(f"{name:<10} {s50:>10.1f} {s90:>10.1f} {c50:>11.1f} {c90:>11.1f}")
     if tmp is not None:
+        server_handle.shutdown()
         tmp.cleanup()
     return 0
 

@@ -145,7 +145,12 @@ impl Client {
     #[staticmethod]
     fn connect_socket(py: Python<'_>, path: String) -> PyResult<Self> {
         let c = call(py, || {
-            let stream = UnixStream::connect(&path).map_err(spproxy::Error::Io)?;
+            let stream = UnixStream::connect(&path).map_err(|e| {
+                spproxy::Error::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("connecting to spproxyd at {path}: {e}"),
+                ))
+            })?;
             spproxy::Client::from_stream(stream, None)
         })?;
         Ok(Client::wrap(c))
