@@ -26,6 +26,24 @@ fn test_filter() -> sigma_notify::CompiledFilter {
             rule("openat", Action::Notify),
             rule("getcwd", Action::Notify),
             SyscallRule {
+                name: "getsid".into(),
+                action: Action::Errno(libc::EPERM),
+                when: vec![ArgCmp {
+                    arg: 0,
+                    op: CmpOp::MaskedEq(0xff00),
+                    value: 0x4200,
+                }],
+            },
+            SyscallRule {
+                name: "getpriority".into(),
+                action: Action::Errno(libc::EACCES),
+                when: vec![ArgCmp {
+                    arg: 0,
+                    op: CmpOp::Ne,
+                    value: libc::PRIO_PROCESS as u64,
+                }],
+            },
+            SyscallRule {
                 name: "getpgid".into(),
                 action: Action::Errno(libc::EPERM),
                 when: vec![ArgCmp {
@@ -99,6 +117,30 @@ fn continue_errno_value_child(io: &ChildIo) -> i32 {
     // SAFETY: getpgid(0) is our own group; allowed by the filter.
     if unsafe { libc::getpgid(0) } <= 0 {
         return 5;
+    }
+    // SAFETY: getsid with integer arguments: 0x4242 & 0xff00 == 0x4200 → EPERM; 0x7f00_1142 (above pid_max) and 0
+    // do not match the masked comparison and run (ESRCH / our session).
+    unsafe {
+        if libc::getsid(0x4242) != -1 || errno() != libc::EPERM {
+            return 6;
+        }
+        if libc::getsid(0x7f00_1142) != -1 || errno() != libc::ESRCH {
+            return 7;
+        }
+        if libc::getsid(0) <= 0 {
+            return 8;
+        }
+    }
+    // SAFETY: getpriority with integer arguments: `which` != PRIO_PROCESS → EACCES.
+    unsafe {
+        if libc::getpriority(libc::PRIO_PGRP, 0) != -1 || errno() != libc::EACCES {
+            return 9;
+        }
+        *libc::__errno_location() = 0;
+        let r = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if r == -1 && errno() != 0 {
+            return 10;
+        }
     }
     0
 }
