@@ -7,6 +7,11 @@
 //! - [`mem`]: read paths from / write bytes to the target's memory, re-checking the id.
 //! - [`path`]: resolve dirfd/cwd-relative paths as the target sees them.
 //! - [`probe`]: a forked target that makes notified calls on demand (benchmarks, tests).
+//!
+//! Threads: [`Listener`] is `Send + Sync`; one thread may block in [`Listener::recv`] while
+//! others answer, read memory or inject fds. End of run: once every target has exited and been
+//! reaped, [`Listener::recv_or_hup`] returns `Ok(None)` (the fd polls POLLHUP).
+//! Unsafe code lives in `filter`, `listener` and `probe` only; `mem` and `path` forbid it.
 
 pub mod filter;
 pub mod listener;
