@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use spproxy::consts::*;
 use spproxy::server::{LocalDirStore, Server, ServerConfig};
-use spproxy::Client;
+use spproxy::{frame, Client};
 
 const DATA: &[u8] = &[b'x'; 64];
 
@@ -51,6 +51,30 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("spproxy_calls");
     g.warm_up_time(Duration::from_millis(500));
     g.measurement_time(Duration::from_secs(2));
+
+    // Floor: the same framing echoed by a thread over a socketpair, no protobuf, no handler.
+    {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        std::thread::spawn(move || {
+            let mut r = std::io::BufReader::new(b.try_clone().unwrap());
+            while let Ok(Some(m)) = frame::read_message(&mut r, &frame::Limits::default()) {
+                if frame::write_message(&mut b, m.seqno, &m.frames).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut r = std::io::BufReader::new(a.try_clone().unwrap());
+        let mut seq = 0u64;
+        g.bench_function("RawRoundTrip", |bn| {
+            bn.iter(|| {
+                seq += 1;
+                frame::write_message(&mut a, seq, &[b"\x0a\x00".as_slice()]).unwrap();
+                frame::read_message(&mut r, &frame::Limits::default())
+                    .unwrap()
+                    .unwrap()
+            })
+        });
+    }
 
     g.bench_function("Started", |bn| bn.iter(|| cl.started().unwrap()));
     g.bench_function("Exited", |bn| {
