@@ -19,7 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pysigma
 import pysigma.splib as splib
@@ -28,8 +28,8 @@ from pysigma import _pysigma
 DATA = "Hello World!"  # σPy's benchmark payload (12 bytes)
 
 
-def timed(n: int, setup: Optional[Callable[[int], object]], call: Callable[[object], object],
-          teardown: Optional[Callable[[object], object]] = None) -> List[int]:
+def timed(n: int, setup: Optional[Callable[[int], Any]], call: Callable[[Any], Any],
+          teardown: Optional[Callable[[Any], Any]] = None) -> List[int]:
     """Runs setup(i) untimed, call(state) timed, teardown(result) untimed; returns ns samples."""
     out = []
     clock = time.perf_counter_ns
@@ -46,21 +46,23 @@ def timed(n: int, setup: Optional[Callable[[int], object]], call: Callable[[obje
 
 def bench_suite(api: str, root: str, n: int) -> Dict[str, List[int]]:
     c = pysigma.client()
+    f: Dict[str, Callable[..., Any]]
     if api == "splib":
-        Started, Exited, ClntID = splib.Started, splib.Exited, splib.ClntID
-        Create, Open, Write, Read = splib.Create, splib.Open, splib.Write, splib.Read
-        Seek, CloseFD, PutFile, GetFile = splib.Seek, splib.CloseFD, splib.PutFile, splib.GetFile
-        Stat, Remove = splib.Stat, splib.Remove
+        f = {name: getattr(splib, name) for name in ORDER}
     else:
-        Started, Exited, ClntID = c.started, c.exited, c.clnt_id
-        Create = lambda p, perm, mode: c.create_fd(p, perm, mode)  # noqa: E731
-        Open = lambda p, mode, wait: c.open_fd(p, mode, wait)  # noqa: E731
-        Write = lambda fd, s: c.write_fd(fd, s.encode())  # noqa: E731
-        Read = c.readinto_fd
-        Seek, CloseFD = c.seek_fd, c.close_fd
-        PutFile = lambda p, perm, mode, d, off, lease: c.put_file(  # noqa: E731
-            p, d.encode(), perm, mode, off, lease)
-        GetFile, Stat, Remove = c.get_file, c.stat, c.remove
+        f = {
+            "Started": c.started, "Exited": c.exited, "ClntID": c.clnt_id,
+            "Create": c.create_fd, "Open": c.open_fd, "Read": c.readinto_fd,
+            "Write": lambda fd, s: c.write_fd(fd, s.encode()),
+            "Seek": c.seek_fd, "CloseFD": c.close_fd,
+            "PutFile": lambda p, perm, mode, d, off, lease: c.put_file(
+                p, d.encode(), perm, mode, off, lease),
+            "GetFile": c.get_file, "Stat": c.stat, "Remove": c.remove,
+        }
+    Started, Exited, ClntID = f["Started"], f["Exited"], f["ClntID"]
+    Create, Open, Write, Read = f["Create"], f["Open"], f["Write"], f["Read"]
+    Seek, CloseFD, PutFile, GetFile = f["Seek"], f["CloseFD"], f["PutFile"], f["GetFile"]
+    Stat, Remove = f["Stat"], f["Remove"]
 
     d = f"{root}/{api}"
     f12 = f"{d}/file12"
@@ -148,7 +150,7 @@ def main() -> int:
         s50, s90 = summary(results["splib"][name])
         c50, c90 = summary(results["client"][name])
         print(f"{name:<10} {s50:>10.1f} {s90:>10.1f} {c50:>11.1f} {c90:>11.1f}")
-    if tmp is not None:
+    if tmp is not None and server_handle is not None:
         server_handle.shutdown()
         tmp.cleanup()
     return 0

@@ -37,5 +37,8 @@ PY
 echo "pysigma: mypy.stubtest pysigma._pysigma" >&2
 "$venv_py" -m mypy.stubtest pysigma._pysigma
 
+echo "pysigma: mypy -p pysigma (the package against its own stubs)" >&2
+"$venv_py" -m mypy -p pysigma
+
 echo "pysigma: pytest" >&2
 exec "$venv_py" -m pytest -p no:cacheprovider --import-mode=importlib -q "$here" "$@"

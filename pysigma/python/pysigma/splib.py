@@ -10,9 +10,12 @@ fill a caller-provided buffer (``ctypes.create_string_buffer(n)``, a ``bytearray
 
 from __future__ import annotations
 
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from . import _pysigma
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = [
     "InitSocket",
@@ -73,12 +76,12 @@ def Open(pathname: str, mode: int, wait: bool = False) -> int:
     return _pysigma.client().open_fd(pathname, mode, bool(wait))
 
 
-def Read(fd: int, b: object) -> int:
+def Read(fd: int, b: Buffer) -> int:
     """Reads into the writable buffer ``b`` (as much as it holds); returns the count."""
     return _pysigma.client().readinto_fd(fd, b)
 
 
-def Pread(fd: int, b: object, offset: int) -> int:
+def Pread(fd: int, b: Buffer, offset: int) -> int:
     """Reads into ``b`` at ``offset`` without moving the fd's offset; returns the count."""
     return _pysigma.client().readinto_fd(fd, b, offset)
 
