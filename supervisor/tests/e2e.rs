@@ -531,3 +531,31 @@ fn without_path_rules_path_calls_are_not_notified_but_denials_still_are() {
         "{err}"
     );
 }
+
+#[test]
+fn target_dying_mid_notification_is_normal() {
+    // Threads hammer path calls (each one a notification) while the process exits under them:
+    // some notifications die with their threads. The run must end with the child's status.
+    let o = run(sup().args([
+        "--always-notify",
+        "python3",
+        "-c",
+        r#"
+import os, threading
+def spin():
+    while True:
+        os.stat("/")
+        os.path.exists("/nonexistent")
+for _ in range(4):
+    threading.Thread(target=spin, daemon=True).start()
+threading.Event().wait(0.3)
+os._exit(5)
+"#,
+    ]));
+    assert_eq!(o.status.code(), Some(5));
+    assert!(
+        !stderr(&o).contains("answering notification"),
+        "{}",
+        stderr(&o)
+    );
+}
