@@ -331,14 +331,16 @@ impl RealmCache {
     /// (`numpy/core/x.py`); `Ok(None)` if no package owns it.
     pub async fn ensure_path(&self, rel: &Path) -> Result<Option<EnsureOutcome>> {
         let index = self.index().await?;
-        match index.package_for_path(rel) {
-            Some(pkg) => {
-                let name = pkg.top_level[0].clone();
-                drop(index);
-                self.ensure(&name).await.map(Some)
-            }
-            None => Ok(None),
+        if index.package_for_path(rel).is_none() {
+            return Ok(None);
         }
+        // package_for_path accepted it, so the first component is a plain name.
+        let first = rel
+            .components()
+            .next()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        self.ensure(&first).await.map(Some)
     }
 
     /// Whether the package is completely installed in this realm (no network access).

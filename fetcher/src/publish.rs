@@ -233,6 +233,12 @@ pub(crate) fn build_package(dist: &Distribution, encoding: Encoding) -> Result<(
     Ok((pkg, Bytes::from(bytes)))
 }
 
+/// Verify a wheel against its RECORD and build its package archive (index entry + bytes),
+/// without uploading anything. Used by benchmarks and tools.
+pub fn archive_wheel(path: &Path, encoding: Encoding) -> Result<(Package, Bytes)> {
+    build_package(&read_wheel(path)?, encoding)
+}
+
 /// Read the bucket's index; a missing index is an empty one.
 pub async fn read_index(store: &dyn Store, cfg: &FetchConfig) -> Result<Index> {
     match get_bytes(store, INDEX_KEY, cfg).await {

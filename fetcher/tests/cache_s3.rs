@@ -30,13 +30,14 @@ async fn setup(
     (store, tmp)
 }
 
-fn example_bin() -> PathBuf {
+fn fetch_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sigma-fetch"))
 }
 
 fn fetch_cmd(minio: &common::Minio, root: &Path, realm: &str, bucket: &str) -> Command {
-    let mut c = Command::new(example_bin());
+    let mut c = Command::new(fetch_bin());
     c.args([
+        "ensure",
         "--root",
         root.to_str().unwrap(),
         "--realm",

@@ -145,6 +145,18 @@ async fn publish_real_wheels_then_import_them_from_the_realm() {
         .unwrap()
         .unwrap();
     assert!(np_out.fetched && np_out.bytes == np.archive_bytes);
+    assert_eq!(np_out.dir, cache.lib_dir().join("numpy"));
+    let libs = cache
+        .ensure_path(Path::new("numpy.libs/x.so"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!libs.fetched && libs.dir == cache.lib_dir().join("numpy.libs"));
+    assert!(cache
+        .ensure_path(Path::new("nothing/here.py"))
+        .await
+        .unwrap()
+        .is_none());
     assert!(cache.lib_dir().join("numpy.libs").is_dir());
     assert!(cache
         .lib_dir()
