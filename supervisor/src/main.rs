@@ -46,8 +46,10 @@ pub struct Cli {
 
     /// CPU placement of the target and the notification thread. `off` leaves it to the
     /// scheduler (SYNC_WAKE_UP wakes each side on the other's CPU); `shared` pins both to the CPU
-    /// the supervisor starts on (the target then cannot use more than one CPU).
-    #[arg(long, value_enum, default_value_t = Pin::Off)]
+    /// the supervisor starts on (the target then cannot use more than one CPU); `auto` is
+    /// `shared` under a real-time policy (where SYNC_WAKE_UP's same-CPU wakeup does not apply),
+    /// else `off`.
+    #[arg(long, value_enum, default_value_t = Pin::Auto)]
     pub pin: Pin,
 
     /// Notify path calls even when no path rule needs them (for --stats, measurement,
@@ -72,6 +74,8 @@ pub struct Cli {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Pin {
+    /// `shared` under SCHED_FIFO/SCHED_RR, else `off`.
+    Auto,
     /// Leave placement to the scheduler (SYNC_WAKE_UP lets it co-locate).
     Off,
     /// Pin the target and the notification thread to the same single CPU.
@@ -134,7 +138,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     // One CPU for both the target and the notification thread (chosen once).
     let pin_cpu = match cli.pin {
         Pin::Off => None,
-        Pin::Shared => sys::current_cpu(),
+        Pin::Auto if !sys::is_realtime() => None,
+        Pin::Auto | Pin::Shared => sys::current_cpu(),
     };
     let elide = !cli.always_notify && trace.is_none() && !policy.has_path_rules();
     if elide {

@@ -189,3 +189,10 @@ pub fn default_sigpipe() {
         )
     };
 }
+
+/// Whether this process runs under a real-time policy (SCHED_FIFO / SCHED_RR).
+pub fn is_realtime() -> bool {
+    // SAFETY: sched_getscheduler(0) queries this process; no pointers.
+    let policy = unsafe { libc::sched_getscheduler(0) };
+    policy == libc::SCHED_FIFO || policy == libc::SCHED_RR
+}
