@@ -58,6 +58,10 @@ pub struct Cli {
     #[arg(long)]
     pub always_notify: bool,
 
+    /// Do not set SYNC_WAKE_UP on the listener (measurement only).
+    #[arg(long, hide = true)]
+    pub no_sync_wakeup: bool,
+
     /// More logging (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -147,7 +151,14 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     }
     let prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu, elide)?;
     let child = spawn::spawn(prepared)?;
-    let status = supervisor::supervise(child, policy, trace, cli.stats, pin_cpu)?;
+    let status = supervisor::supervise(
+        child,
+        policy,
+        trace,
+        cli.stats,
+        pin_cpu,
+        !cli.no_sync_wakeup,
+    )?;
     Ok(status)
 }
 

@@ -190,6 +190,7 @@ pub fn supervise(
     trace: Option<TraceSink>,
     want_stats: bool,
     pin_cpu: Option<usize>,
+    sync_wakeup: bool,
 ) -> Result<u8, Failure> {
     let started = Instant::now();
     let (kinds, warnings) = policy.kinds(MAX_SYSCALL)?;
@@ -197,7 +198,11 @@ pub fn supervise(
         tracing::warn!("{w}");
     }
     let listener = Listener::from_fd(child.listener.try_clone().context("dup listener")?);
-    match listener.set_sync_wakeup() {
+    match if sync_wakeup {
+        listener.set_sync_wakeup()
+    } else {
+        Ok(())
+    } {
         Ok(()) => tracing::debug!("SYNC_WAKE_UP set on the listener"),
         Err(e) => tracing::warn!(
             "SYNC_WAKE_UP unsupported ({e}): each notification pays a cross-CPU wakeup"
