@@ -164,9 +164,11 @@ pub fn prepare(
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut denies = Vec::new();
     for p in policy.denied_paths() {
-        match std::fs::symlink_metadata(p) {
-            Ok(m) => denies.push(DenyMount {
-                target: cstring(p.as_os_str())?,
+        // Over-mount what the path resolves to (bind and read-only remount must name the same
+        // mount, and a symlink's target is what an open through it would reach).
+        match std::fs::canonicalize(p).and_then(|real| Ok((std::fs::metadata(&real)?, real))) {
+            Ok((m, real)) => denies.push(DenyMount {
+                target: cstring(real.as_os_str())?,
                 is_dir: m.is_dir(),
             }),
             // Nothing there to protect: the path rule alone answers calls on it.
@@ -243,10 +245,25 @@ pub fn recv_msg(fd: &OwnedFd) -> Option<(u32, i32)> {
     Some((tag, value))
 }
 
-pub fn describe_stage(stage: u32, errno: i32) -> String {
+/// The low byte of a setup message's tag is the stage; the rest the index of the mount.
+fn stage_tag(stage: u32, index: usize) -> u32 {
+    stage | ((index as u32) << 8)
+}
+
+fn describe_stage(p: &Prepared, tag: u32, errno: i32) -> String {
+    let (stage, index) = (tag & 0xff, (tag >> 8) as usize);
     let what = STAGES.get(stage as usize).copied().unwrap_or("setup");
+    let target = match stage {
+        STAGE_HIDE => p.hides.get(index).map(|c| c.to_string_lossy().into_owned()),
+        STAGE_DENY => p
+            .denies
+            .get(index)
+            .map(|d| d.target.to_string_lossy().into_owned()),
+        _ => None,
+    };
+    let target = target.map(|t| format!(" {t}")).unwrap_or_default();
     format!(
-        "{what} failed in the child: {}",
+        "{what}{target} failed in the child: {}",
         Errno::from_raw(errno).desc()
     )
 }
@@ -293,7 +310,7 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
     ) {
         fail(STAGE_PRIVATE, e)
     }
-    for dir in &p.hides {
+    for (i, dir) in p.hides.iter().enumerate() {
         if let Err(e) = mount(
             Some(c"tmpfs"),
             dir.as_c_str(),
@@ -301,11 +318,11 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
             MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
             Some(c"mode=0555,size=4k"),
         ) {
-            fail(STAGE_HIDE, e)
+            fail(stage_tag(STAGE_HIDE, i), e)
         }
     }
     if let Some(scratch) = &p.scratch {
-        for d in &p.denies {
+        for (i, d) in p.denies.iter().enumerate() {
             let src = if d.is_dir {
                 scratch.subdir.as_c_str()
             } else {
@@ -332,7 +349,7 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
                 )
             });
             if let Err(e) = bind {
-                fail(STAGE_DENY, e)
+                fail(stage_tag(STAGE_DENY, i), e)
             }
         }
     }
@@ -388,7 +405,7 @@ pub fn spawn(p: Prepared) -> Result<Child, Failure> {
     };
     let fd = match recv_msg(&status_rx) {
         Some((MSG_LISTENER, fd)) => fd,
-        Some((stage, errno)) => return Err(setup_failed(describe_stage(stage, errno))),
+        Some((tag, errno)) => return Err(setup_failed(describe_stage(&p, tag, errno))),
         None => return Err(setup_failed("the child exited during setup".into())),
     };
     let pidfd = sys::pidfd_open(pid).context("pidfd_open")?;
