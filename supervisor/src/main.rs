@@ -40,7 +40,7 @@ pub struct Cli {
     #[arg(long, value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = "-")]
     pub trace: Option<PathBuf>,
 
-    /// Print counts per syscall and decision, and the time spent answering, at exit.
+    /// Print counts per syscall and decision, the time spent deciding, and wall time, at exit.
     #[arg(long)]
     pub stats: bool,
 
