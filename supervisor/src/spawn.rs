@@ -292,7 +292,7 @@ impl Child {
 
 fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &SigSet) -> ! {
     let _ = old_mask.thread_set_mask();
-    sys::default_sigpipe();
+    sys::default_disposition(Signal::SIGPIPE);
     let _ = sys::set_parent_death_kill();
     let fail = |stage: u32, e: Errno| -> ! {
         send(status_tx, stage, e as i32);
@@ -385,6 +385,7 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
 /// one thread.
 pub fn spawn(p: Prepared) -> Result<Child, Failure> {
     sys::set_child_subreaper().context("PR_SET_CHILD_SUBREAPER")?;
+    sys::default_disposition(Signal::SIGCHLD);
     let old_mask = handled_signals()
         .thread_swap_mask(SigmaskHow::SIG_BLOCK)
         .context("blocking signals")?;

@@ -178,16 +178,12 @@ pub fn readonly_tree(dir: &CStr) -> Result<OwnedFd, Errno> {
     Ok(fd)
 }
 
-/// Restore SIGPIPE's default action (the Rust runtime ignores it, and an ignored disposition
-/// survives execve): the target must see the signals a shell would give it.
-pub fn default_sigpipe() {
-    // SAFETY: installing SIG_DFL runs no handler code; called in the single-threaded child.
-    let _ = unsafe {
-        nix::sys::signal::signal(
-            nix::sys::signal::Signal::SIGPIPE,
-            nix::sys::signal::SigHandler::SigDfl,
-        )
-    };
+/// Restore a signal's default action. The Rust runtime ignores SIGPIPE, and an ignored
+/// disposition survives execve (the target must see what a shell would give it); a SIGCHLD
+/// inherited as ignored would make the kernel reap children before we can wait for them.
+pub fn default_disposition(sig: nix::sys::signal::Signal) {
+    // SAFETY: installing SIG_DFL runs no handler code, so no handler can observe any state.
+    let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
 }
 
 /// Whether this process runs under a real-time policy (SCHED_FIFO / SCHED_RR).
