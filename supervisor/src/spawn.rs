@@ -298,17 +298,21 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
         send(status_tx, stage, e as i32);
         sys::exit_child(125)
     };
-    if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
-        fail(STAGE_UNSHARE, e)
-    }
-    if let Err(e) = mount(
-        None::<&CStr>,
-        c"/",
-        None::<&CStr>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&CStr>,
-    ) {
-        fail(STAGE_PRIVATE, e)
+    // A mount namespace only when there is something to hide or over-mount (its setup and
+    // teardown cost a little on every run).
+    if !p.hides.is_empty() || !p.denies.is_empty() {
+        if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
+            fail(STAGE_UNSHARE, e)
+        }
+        if let Err(e) = mount(
+            None::<&CStr>,
+            c"/",
+            None::<&CStr>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&CStr>,
+        ) {
+            fail(STAGE_PRIVATE, e)
+        }
     }
     for (i, dir) in p.hides.iter().enumerate() {
         if let Err(e) = mount(
