@@ -1,7 +1,8 @@
 //! Test helper: attempts syscalls a σOS proc must not make, with raw syscall(2) so no libc
 //! wrapper hides the result, and prints `<name> <ERRNO-or-ok>` per attempt. Exit status 0 only if
-//! every attempt failed with EPERM. Run it under `sigma-supervise`; outside it will succeed at
-//! some of these (we are root), which is the point of the comparison.
+//! every attempt failed with EPERM. Run it under `sigma-supervise`; outside it some attempts
+//! succeed or fail otherwise (we are root), which is the point of the comparison. The arguments
+//! are chosen so that a bare run changes nothing on the host.
 #![allow(unsafe_code)]
 
 use std::ffi::c_long;
@@ -25,7 +26,9 @@ fn attempt(name: &str, nr: c_long, args: [usize; 6]) -> bool {
 fn main() {
     let mut params = [0u8; 120]; // struct io_uring_params
     let tmpfs = c"tmpfs";
-    let target = c"/mnt";
+    // A target that does not exist and kexec flags that are invalid: run bare (as root) the
+    // probe fails harmlessly (ENOENT, EINVAL) instead of changing the host.
+    let target = c"/nonexistent/sigma-hostile-probe";
     let mut all = true;
     all &= attempt(
         "socket",
@@ -68,6 +71,10 @@ fn main() {
     );
     // BPF_MAP_CREATE with a null attr: EFAULT if it ever reached the kernel.
     all &= attempt("bpf", libc::SYS_bpf, [0, 0, 0, 0, 0, 0]);
-    all &= attempt("kexec_load", libc::SYS_kexec_load, [0, 0, 0, 0, 0, 0]);
+    all &= attempt(
+        "kexec_load",
+        libc::SYS_kexec_load,
+        [0, 0, 0, 0xffff_0000, 0, 0],
+    );
     std::process::exit(if all { 0 } else { 1 });
 }
