@@ -59,7 +59,8 @@ def main() -> None:
                          "notified (--always-notify) and serve-rule (--serve))")
     args = ap.parse_args()
     import tempfile
-    served = tempfile.mkdtemp(prefix="bench-import-serve-")
+    served_dir = tempfile.TemporaryDirectory(prefix="bench-import-serve-")  # removed at exit
+    served = served_dir.name
     if not os.access(args.supervisor, os.X_OK):
         sys.exit(f"bench-import: {args.supervisor} not found; run `cargo build --release -p sigma-supervise`")
     py = real_python(args.python)
