@@ -131,15 +131,19 @@ fn four_caches_on_one_root_make_one_download() {
                 rt.block_on(cache.index()).unwrap();
                 barrier.wait();
                 let out = rt.block_on(cache.ensure("demo")).unwrap();
-                (out.fetched, cache.stats().gets)
+                let s = cache.stats();
+                (out.fetched, s.packages_fetched, s.gets)
             })
         })
         .collect();
-    let results: Vec<(bool, u64)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let results: Vec<(bool, u64, u64)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     assert_eq!(results.iter().filter(|r| r.0).count(), 1, "{results:?}");
-    // Each cache fetched the index at most once (the first writer's snapshot is shared).
-    let archive_gets: u64 = results.iter().map(|r| r.1).sum::<u64>();
-    assert!(archive_gets <= 4 + 1, "{results:?}");
+    assert_eq!(results.iter().map(|r| r.1).sum::<u64>(), 1, "{results:?}");
+    // GETs: at most one index GET per cache, plus the single archive GET.
+    assert!(
+        results.iter().map(|r| r.2).sum::<u64>() <= 4 + 1,
+        "{results:?}"
+    );
 }
 
 #[tokio::test]
