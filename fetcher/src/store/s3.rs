@@ -158,8 +158,11 @@ impl S3Store {
             }
             SdkError::ConstructionFailure(_) => {
                 let cause = innermost(&err);
-                if cause.to_ascii_lowercase().contains("credential") {
-                    FetchError::PermissionDenied { bucket, cause }
+                if about_credentials(&err) {
+                    FetchError::PermissionDenied {
+                        bucket,
+                        cause: format!("no usable credentials: {cause}"),
+                    }
                 } else {
                     FetchError::Invalid {
                         what: bucket,
@@ -171,8 +174,11 @@ impl S3Store {
             | SdkError::TimeoutError(_)
             | SdkError::ResponseError(_) => {
                 let cause = innermost(&err);
-                if cause.to_ascii_lowercase().contains("credential") {
-                    FetchError::PermissionDenied { bucket, cause }
+                if about_credentials(&err) {
+                    FetchError::PermissionDenied {
+                        bucket,
+                        cause: format!("no usable credentials: {cause}"),
+                    }
                 } else {
                     FetchError::Unavailable { bucket, cause }
                 }
@@ -183,6 +189,23 @@ impl S3Store {
             },
         }
     }
+}
+
+/// True if any message in the error's source chain is about missing or refused credentials.
+fn about_credentials(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        let m = format!("{e:?}").to_ascii_lowercase();
+        // The credentials chain reports as CredentialsError::ProviderError (IMDS: FailedToLoadToken).
+        if ["credential", "imds", "providererror", "failedtoloadtoken"]
+            .iter()
+            .any(|w| m.contains(w))
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
 }
 
 /// The most specific message in an error's source chain (e.g. "Connection refused (os error 111)").
