@@ -324,3 +324,41 @@ async fn wrong_credentials_reach_the_caller_as_permission_denied() {
     assert!(!tmp.path().join("c/realms/r/index.json").exists());
     let _ = INDEX_KEY;
 }
+
+/// Needs util-linux `script` to give the fetch a terminal; fails (does not skip) without it.
+#[tokio::test]
+async fn progress_bar_only_on_a_terminal_for_slow_downloads() {
+    let minio = common::Minio::start();
+    let (_store, tmp) = setup(&minio, "progress", 1_000_000).await;
+    let root = tmp.path().join("c");
+    let cmd_line = |realm: &str, slow: &str| {
+        let c = fetch_cmd(&minio, &root, realm, "progress");
+        let mut parts = vec![c.get_program().to_string_lossy().into_owned()];
+        parts.extend(c.get_args().map(|a| a.to_string_lossy().into_owned()));
+        parts.extend(["demo".into(), "--slow-ms".into(), slow.into()]);
+        parts.join(" ")
+    };
+    // Under a pseudo-terminal, a download slower than 0.5 s draws a bar naming the package.
+    let out = Command::new("script")
+        .args(["-qec", &cmd_line("tty", "80"), "/dev/null"])
+        .envs(minio.aws_env())
+        .output()
+        .expect("util-linux `script` is needed for this test");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("fetch demo"),
+        "no progress bar on a terminal: {text}"
+    );
+    // Without a terminal: nothing on stderr.
+    let out = fetch_cmd(&minio, &root, "notty", "progress")
+        .args(["demo", "--slow-ms", "10"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
