@@ -9,6 +9,8 @@
 
 mod handlers;
 mod policy;
+mod publish;
+mod realm;
 mod serve;
 mod spawn;
 mod stats;
@@ -25,8 +27,20 @@ use std::process::ExitCode;
 /// A later `publish` subcommand and `--realm/--bucket/--cache-dir` (fetcher) options fit in
 /// beside these: a PROGRAM that collides with a subcommand name can always be given after `--`.
 #[derive(Debug, Parser)]
-#[command(name = "sigma-supervise", version, about)]
+#[command(
+    name = "sigma-supervise",
+    version,
+    about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 pub struct Cli {
+    #[command(subcommand)]
+    pub sub: Option<Sub>,
+
+    #[command(flatten)]
+    pub realm: realm::RealmOpts,
+
     /// Builtin profile name (sigmaos, permissive) or a TOML profile file.
     #[arg(long, value_name = "NAME|FILE", default_value = "sigmaos")]
     pub profile: String,
@@ -76,6 +90,13 @@ pub struct Cli {
     pub command: Vec<OsString>,
 }
 
+#[derive(Debug, clap::Subcommand)]
+pub enum Sub {
+    /// Publish wheels, a requirements file or package directories to a library bucket
+    /// (archives first, index last).
+    Publish(fetcher::cli::PublishArgs),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Pin {
     /// `shared` under SCHED_FIFO/SCHED_RR, else `off`.
@@ -113,6 +134,9 @@ fn init_logging(verbose: u8) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    if let Some(Sub::Publish(args)) = &cli.sub {
+        return publish::main(args);
+    }
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
@@ -137,7 +161,17 @@ impl From<anyhow::Error> for Failure {
 
 fn run(cli: Cli) -> Result<u8, Failure> {
     let program = spawn::find_program(&cli.command[0])?;
-    let policy = policy::Policy::load(&cli.profile, &cli.serve)?;
+    // A realm's lib dir is one more served dir (see realm.rs), on the target's PYTHONPATH.
+    let realm = realm::RealmPlan::new(&cli.realm)?;
+    let mut serves = cli.serve.clone();
+    if let Some(r) = &realm {
+        serves.push(r.serve_rule());
+        std::env::set_var(
+            "PYTHONPATH",
+            r.pythonpath(std::env::var_os("PYTHONPATH").as_deref()),
+        );
+    }
+    let policy = policy::Policy::load(&cli.profile, &serves)?;
     let trace = stats::TraceSink::open(cli.trace.as_deref())?;
     // One CPU for both the target and the notification thread (chosen once).
     let pin_cpu = match cli.pin {
@@ -149,8 +183,16 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     if elide {
         tracing::info!("no path rule and no --trace: path calls run without notification");
     }
-    let prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu, elide)?;
+    let mut prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu, elide)?;
+    if let Some(r) = &realm {
+        prepared.hide_also(&r.root)?;
+    }
     let child = spawn::spawn(prepared)?;
+    // Threads (the fetch runtime) only after fork; the child waits for `go`.
+    let resolver: Box<dyn serve::Resolver> = match realm {
+        Some(r) => Box::new(r.start()?),
+        None => Box::new(serve::LocalDirs),
+    };
     let status = supervisor::supervise(
         child,
         policy,
@@ -158,6 +200,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         cli.stats,
         pin_cpu,
         !cli.no_sync_wakeup,
+        resolver,
     )?;
     Ok(status)
 }
@@ -206,6 +249,47 @@ mod tests {
         assert_eq!(cli.serve, ["/a=/tmp", "/b/c=/var"]);
         assert!(Cli::try_parse_from(["sigma-supervise", "--serve", "rel=/tmp", "p"]).is_err());
         assert!(Cli::try_parse_from(["sigma-supervise", "--serve", "/a", "p"]).is_err());
+    }
+
+    #[test]
+    fn publish_is_a_subcommand_and_programs_still_parse() {
+        let cli = Cli::try_parse_from([
+            "sigma-supervise",
+            "publish",
+            "--bucket",
+            "file:///tmp/b",
+            "-r",
+            "req.txt",
+        ])
+        .unwrap();
+        match cli.sub {
+            Some(Sub::Publish(a)) => {
+                assert_eq!(a.bucket, "file:///tmp/b");
+                assert_eq!(a.requirements, [PathBuf::from("req.txt")]);
+            }
+            None => panic!("publish not parsed as a subcommand"),
+        }
+        let cli = Cli::try_parse_from([
+            "sigma-supervise",
+            "--realm",
+            "r",
+            "--bucket",
+            "s3://b",
+            "python3",
+            "x.py",
+            "publish",
+        ])
+        .unwrap();
+        assert!(cli.sub.is_none());
+        assert_eq!(cli.command, ["python3", "x.py", "publish"]);
+        assert_eq!(cli.realm.realm, "r");
+        assert_eq!(cli.realm.bucket.as_deref(), Some("s3://b"));
+        let cli = Cli::try_parse_from(["sigma-supervise", "--", "publish"]).unwrap();
+        assert!(cli.sub.is_none());
+        assert_eq!(cli.command, ["publish"]);
+        let cli = Cli::try_parse_from(["sigma-supervise", "python3"]).unwrap();
+        assert_eq!(cli.realm.realm, "local");
+        assert_eq!(cli.realm.bucket, None);
     }
 
     #[test]

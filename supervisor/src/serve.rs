@@ -68,21 +68,29 @@ impl Served {
 }
 
 /// Where a served path is right now.
-pub enum Lookup {
+pub enum Lookup<'a> {
     /// Under the served directory on this host: answer on the receive thread.
     Local,
+    /// Answer on the receive thread from another host directory (a realm's listing of its
+    /// library prefix, see `realm.rs`).
+    At(&'a Served),
+    /// Known not to be servable (not in the realm's index, or its fetch just failed).
+    Fail(Errno),
     /// Must be fetched first: hand the call to a worker. Returned by fetching resolvers
-    /// (realm cache integration); [`LocalDirs`] never does.
-    #[allow(dead_code)]
+    /// (`realm::RealmResolver`); [`LocalDirs`] never does.
     Fetch,
 }
 
 /// Source of served files. `lookup` runs on the receive loop and must not block.
 pub trait Resolver: Send + Sync {
-    fn lookup(&self, served: &Served, rest: &Path) -> Lookup;
+    fn lookup<'a>(&'a self, served: &'a Served, rest: &Path) -> Lookup<'a>;
     /// Runs on a worker thread; may block. After Ok the served path is local.
     fn fetch(&self, _served: &Served, _rest: &Path) -> Result<(), Errno> {
         Err(Errno::ENOENT)
+    }
+    /// Lines for `--stats` (fetch counters), if the resolver has any.
+    fn report(&self) -> Option<String> {
+        None
     }
 }
 
@@ -90,7 +98,7 @@ pub trait Resolver: Send + Sync {
 pub struct LocalDirs;
 
 impl Resolver for LocalDirs {
-    fn lookup(&self, _served: &Served, _rest: &Path) -> Lookup {
+    fn lookup<'a>(&'a self, _served: &'a Served, _rest: &Path) -> Lookup<'a> {
         Lookup::Local
     }
 }

@@ -199,6 +199,15 @@ pub fn prepare(
     })
 }
 
+impl Prepared {
+    /// Also hide `dir` from the target (an empty read-only tmpfs over it), after the served
+    /// dirs: a directory that contains a served one (a realm's cache root) hides it too.
+    pub fn hide_also(&mut self, dir: &Path) -> anyhow::Result<()> {
+        self.hides.push(cstring(dir.as_os_str())?);
+        Ok(())
+    }
+}
+
 /// Child → parent messages on the status pipe: (tag, value), 8 bytes each.
 const MSG_LISTENER: u32 = 0;
 const STAGES: &[&str] = &[

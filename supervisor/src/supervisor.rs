@@ -7,7 +7,7 @@
 
 use crate::handlers::{self, CallInfo, Reply};
 use crate::policy::{Kind, Policy};
-use crate::serve::{Deferred, LocalDirs, Resolver};
+use crate::serve::{Deferred, Resolver};
 use crate::spawn::{handled_signals, Child};
 use crate::stats::{self, Decision, Stats, TraceSink, MAX_SYSCALL};
 use crate::{sys, Failure};
@@ -191,6 +191,7 @@ pub fn supervise(
     want_stats: bool,
     pin_cpu: Option<usize>,
     sync_wakeup: bool,
+    resolver: Box<dyn Resolver>,
 ) -> Result<u8, Failure> {
     let started = Instant::now();
     let (kinds, warnings) = policy.kinds(MAX_SYSCALL)?;
@@ -212,7 +213,7 @@ pub fn supervise(
         listener,
         read_paths: trace.is_some() || policy.has_path_rules(),
         policy,
-        resolver: Box::new(LocalDirs),
+        resolver,
         deferred: Deferred::default(),
         kinds,
         names: std::sync::OnceLock::new(),
@@ -253,6 +254,9 @@ pub fn supervise(
     }
     if want_stats {
         eprint!("{}", sh.stats.report(started.elapsed()));
+        if let Some(r) = sh.resolver.report() {
+            eprint!("{r}");
+        }
     }
     Ok(code)
 }

@@ -410,8 +410,17 @@ pub fn path_call(
     };
     let must_exist = arg.must_exist;
     let served = &sh.policy.served()[index];
-    match sh.resolver.lookup(served, &rest) {
-        Lookup::Local => {
+    let lookup = sh.resolver.lookup(served, &rest);
+    let served = match lookup {
+        Lookup::At(other) => other,
+        _ => served,
+    };
+    match lookup {
+        Lookup::Fail(e) => {
+            info.decision = Some(Decision::Serve(Some(e as i32)));
+            Err(e)
+        }
+        Lookup::Local | Lookup::At(_) => {
             let call = ServeCall {
                 listener: &sh.listener,
                 notif: n,

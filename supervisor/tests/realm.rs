@@ -1,0 +1,459 @@
+//! Realm libraries end to end: the real `sigma-supervise` binary publishes to a bucket (a
+//! `file://` directory, or a real MinIO on 127.0.0.1 started here) and runs real CPython under
+//! the real filter with `--realm/--bucket`; `import X` finds the realm's libraries at
+//! `/sigma/lib`, fetched on first use into a cache root the target cannot see.
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+// The fetcher's MinIO/wheel/package harness, shared rather than copied (it names the crate
+// `sigma_fetcher`; here the dependency is called `fetcher`).
+extern crate fetcher as sigma_fetcher;
+#[path = "../../fetcher/tests/common/mod.rs"]
+mod common;
+
+const SUP: &str = env!("CARGO_BIN_EXE_sigma-supervise");
+const PREFIX: &str = "/sigma/lib";
+
+/// The real interpreter behind `python3` (pyenv's shim is a bash script, and bash needs
+/// calls the σOS allow-list refuses). Same rule as `tests/e2e.rs`.
+fn python() -> &'static Path {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 must be installed for the end-to-end tests");
+        assert!(out.status.success(), "python3 does not run");
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
+
+/// `sigma-supervise` with the real interpreter first on PATH.
+fn sup() -> Command {
+    let dir = python().parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = Command::new(SUP);
+    c.env("PATH", path)
+        .env_remove("RUST_LOG")
+        .env_remove("PYTHONPATH")
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    c
+}
+
+fn show(out: &Output) {
+    eprintln!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A realm run: `sigma-supervise --stats --realm R --bucket B --cache-dir C python3 -c CODE`.
+struct Realm<'a> {
+    name: &'a str,
+    bucket: &'a str,
+    cache: &'a Path,
+    env: Vec<(&'static str, String)>,
+}
+
+impl Realm<'_> {
+    fn cmd(&self, code: &str) -> Command {
+        let mut c = sup();
+        c.envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .args(["--stats", "--realm", self.name, "--bucket", self.bucket])
+            .arg("--cache-dir")
+            .arg(self.cache)
+            .args(["python3", "-c", code]);
+        c
+    }
+    fn py(&self, code: &str) -> Output {
+        let out = self.cmd(code).output().expect("run sigma-supervise");
+        show(&out);
+        out
+    }
+    fn lib(&self) -> PathBuf {
+        self.cache.join("realms").join(self.name).join("lib")
+    }
+}
+
+/// The counter `fetched N packages` from the `--stats` realm line.
+fn fetched(o: &Output) -> u64 {
+    let err = stderr(o);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("sigma-supervise realm "))
+        .unwrap_or_else(|| panic!("no realm stats line in:\n{err}"));
+    let n = line
+        .split("fetched ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok());
+    n.unwrap_or_else(|| panic!("cannot read the fetched count in {line:?}"))
+}
+
+fn cache_hits(o: &Output) -> u64 {
+    let err = stderr(o);
+    err.lines()
+        .find(|l| l.starts_with("sigma-supervise realm "))
+        .and_then(|l| l.split("cache hits ").nth(1))
+        .and_then(|s| s.split(';').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no cache hits in:\n{err}"))
+}
+
+fn publish(bucket: &str, env: &[(&'static str, String)], what: &[&Path]) {
+    let out = sup()
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .args(["publish", "--bucket", bucket])
+        .args(what)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sigma-supervise publish");
+    show(&out);
+    assert!(out.status.success(), "publish failed");
+}
+
+fn listdir(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn file_bucket_listing_import_cache_hit_and_hidden_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let a = common::make_pkg(&src, "demo_a", 10_000);
+    let b = common::make_pkg(&src, "demo_b", 10_000);
+    let bucket_dir = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket_dir).unwrap();
+    let bucket = format!("file://{}", bucket_dir.display());
+    publish(&bucket, &[], &[&a, &b]);
+    let cache = tmp.path().join("cache");
+    let r = Realm {
+        name: "r1",
+        bucket: &bucket,
+        cache: &cache,
+        env: vec![],
+    };
+
+    // The listing shows every package of the index and fetches nothing.
+    let o = r.py(&format!(
+        "import os; print(sorted(os.listdir({PREFIX:?}))); print(os.path.isdir({PREFIX:?}))"
+    ));
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    assert!(out.contains("'demo_a'") && out.contains("'demo_b'"), "{out}");
+    assert!(out.ends_with("True\n"), "{out}");
+    assert_eq!(fetched(&o), 0);
+    assert!(listdir(&r.lib()).is_empty(), "the listing installed something");
+
+    // First import fetches the package; the target cannot reach the host cache itself.
+    let host_file = r.lib().join("demo_a/__init__.py");
+    let code = format!(
+        r#"
+import os, demo_a
+from demo_a.sub.mod import f
+print(demo_a.NAME, f(), demo_a.__file__)
+try:
+    os.stat({host:?}); print("visible")
+except FileNotFoundError:
+    print("hidden")
+print(os.listdir({root:?}))
+"#,
+        host = host_file.display().to_string(),
+        root = cache.display().to_string(),
+    );
+    let o = r.py(&code);
+    assert_eq!(o.status.code(), Some(0));
+    let lines: Vec<_> = stdout(&o).lines().map(String::from).collect();
+    assert_eq!(lines[0], format!("demo_a 42 {PREFIX}/demo_a/__init__.py"));
+    // The host path of the realm file: hidden (the cache root is an empty tmpfs for the target).
+    assert_eq!(lines[1], "hidden");
+    assert_eq!(lines[2], "[]", "the cache root looks empty to the target");
+    assert_eq!(fetched(&o), 1);
+    assert!(host_file.is_file(), "installed on the host");
+
+    // Second run: the realm cache answers, nothing is fetched.
+    let o = r.py("import demo_a; print(demo_a.NAME)");
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "demo_a\n");
+    assert_eq!(fetched(&o), 0);
+    assert!(cache_hits(&o) > 0);
+
+    // An unknown module fails quickly, without a fetch.
+    let o = r.py(&format!(
+        r#"
+import time
+t = time.monotonic()
+try:
+    import no_such_module
+except ImportError as e:
+    print("ImportError", type(e).__name__, round(time.monotonic() - t, 3) < 5)
+try:
+    open("{PREFIX}/no_such_module/x.py")
+except FileNotFoundError:
+    print("ENOENT")
+"#
+    ));
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "ImportError ModuleNotFoundError True\nENOENT\n");
+    assert_eq!(fetched(&o), 0);
+    assert!(!r.lib().join("demo_b").exists());
+
+    // A second realm on the same root shares the files by inode, not the directories, and its
+    // target cannot see the first realm's directory.
+    let r2 = Realm {
+        name: "r2",
+        bucket: &bucket,
+        cache: &cache,
+        env: vec![],
+    };
+    let first = r.lib().join("demo_a");
+    let o = r2.py(&format!(
+        r#"
+import os, demo_a
+print(demo_a.NAME)
+try:
+    os.listdir({first:?}); print("visible")
+except FileNotFoundError:
+    print("hidden")
+"#,
+        first = first.display().to_string()
+    ));
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "demo_a\nhidden\n");
+    assert_eq!(fetched(&o), 0, "the second realm links from the shared store");
+    let ia = std::fs::metadata(r.lib().join("demo_a/blob.bin")).unwrap();
+    let ib = std::fs::metadata(r2.lib().join("demo_a/blob.bin")).unwrap();
+    assert_eq!((ia.dev(), ia.ino()), (ib.dev(), ib.ino()));
+    assert_ne!(
+        std::fs::metadata(r.lib().join("demo_a")).unwrap().ino(),
+        std::fs::metadata(r2.lib().join("demo_a")).unwrap().ino()
+    );
+}
+
+#[test]
+fn corrupted_object_is_refused_and_nothing_installed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pkg = common::make_pkg(&tmp.path().join("src"), "demo_c", 50_000);
+    let bucket_dir = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket_dir).unwrap();
+    let bucket = format!("file://{}", bucket_dir.display());
+    publish(&bucket, &[], &[&pkg]);
+    let pkgs = bucket_dir.join("sigma-lib/pkgs");
+    let archive = std::fs::read_dir(&pkgs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("demo"))
+        .expect("published archive");
+    let mut data = std::fs::read(&archive).unwrap();
+    let mid = data.len() / 2;
+    data[mid] ^= 0xff;
+    std::fs::write(&archive, data).unwrap();
+
+    let cache = tmp.path().join("cache");
+    let r = Realm {
+        name: "r",
+        bucket: &bucket,
+        cache: &cache,
+        env: vec![],
+    };
+    let o = r.py(
+        r#"
+for _ in range(2):
+    try:
+        import demo_c
+        print("imported")
+    except ImportError as e:
+        print("ImportError")
+"#,
+    );
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "ImportError\nImportError\n");
+    let err = stderr(&o);
+    let lines: Vec<_> = err
+        .lines()
+        .filter(|l| l.contains("integrity mismatch"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line per cause:\n{err}");
+    assert!(lines[0].contains(&bucket), "names the bucket: {}", lines[0]);
+    assert!(listdir(&r.lib()).is_empty(), "nothing installed");
+    assert!(listdir(&cache.join("cas")).is_empty(), "nothing stored");
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// MinIO with a fresh bucket `libs`; the binary must be installed (`scripts/minio.sh install`).
+fn minio_bucket() -> (common::Minio, String) {
+    let m = common::Minio::start();
+    rt().block_on(m.bucket("libs", &fetcher::FetchConfig::default()));
+    (m, "s3://libs".to_string())
+}
+
+#[test]
+fn minio_numpy_cold_warm_offline_and_down() {
+    let (mut m, bucket) = minio_bucket();
+    let env = m.aws_env();
+    let tmp = tempfile::tempdir().unwrap();
+    let pure = common::make_pkg(&tmp.path().join("src"), "purepkg", 20_000);
+    let numpy = common::wheel("numpy==2.1.3");
+    publish(&bucket, &env, &[&numpy, &pure]);
+    let cache = tmp.path().join("cache");
+    let r = Realm {
+        name: "r1",
+        bucket: &bucket,
+        cache: &cache,
+        env: env.clone(),
+    };
+    let code = r#"
+import numpy, purepkg
+from purepkg.sub.mod import f
+print(numpy.__file__, int(numpy.arange(10).sum()), purepkg.NAME, f())
+"#;
+    let expect = format!("{PREFIX}/numpy/__init__.py 45 purepkg 42\n");
+    // Cold: both packages fetched from MinIO.
+    let o = r.py(code);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), expect);
+    assert_eq!(fetched(&o), 2);
+
+    // A second realm: no download (shared content), same inode, its own directories.
+    let r2 = Realm {
+        name: "r2",
+        bucket: &bucket,
+        cache: &cache,
+        env: env.clone(),
+    };
+    let o = r2.py(code);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), expect);
+    assert_eq!(fetched(&o), 0);
+    let f1 = std::fs::metadata(r.lib().join("numpy/__init__.py")).unwrap();
+    let f2 = std::fs::metadata(r2.lib().join("numpy/__init__.py")).unwrap();
+    assert_eq!((f1.dev(), f1.ino()), (f2.dev(), f2.ino()));
+
+    // A third realm lists (takes its index snapshot) but installs nothing yet.
+    let r3 = Realm {
+        name: "r3",
+        bucket: &bucket,
+        cache: &cache,
+        env: env.clone(),
+    };
+    let o = r3.py(&format!("import os; print('numpy' in os.listdir({PREFIX:?}))"));
+    assert_eq!(stdout(&o), "True\n");
+    assert_eq!(fetched(&o), 0);
+
+    // Server gone: the cached realm still imports.
+    m.stop();
+    let o = r.py(code);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), expect);
+    assert_eq!(fetched(&o), 0);
+
+    // Server gone, package not cached: ImportError within the fetch bound, one line naming the
+    // bucket, never a hang.
+    let probe = r#"
+import time, os
+t = time.monotonic()
+try:
+    import purepkg
+    print("imported")
+except ImportError:
+    print("ImportError", time.monotonic() - t)
+"#;
+    let started = std::time::Instant::now();
+    let mut child = r3.cmd(probe).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = started + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "the target hangs");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().unwrap();
+    show(&o);
+    let took = started.elapsed();
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    assert!(out.starts_with("ImportError "), "{out}");
+    let secs: f64 = out.trim().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(secs < 10.0 && took < Duration::from_secs(10), "{secs} s in the target, {took:?} in all");
+    let err = stderr(&o);
+    let lines: Vec<_> = err.lines().filter(|l| l.contains("unavailable")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("s3://libs"), "{}", lines[0]);
+
+    // Server gone, realm never seen: no index, an empty library, ImportError.
+    let r4 = Realm {
+        name: "r4",
+        bucket: &bucket,
+        cache: &cache,
+        env,
+    };
+    let started = std::time::Instant::now();
+    let o = r4.py(probe);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).starts_with("ImportError "));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn minio_sixteen_supervisors_one_download() {
+    let (_m, bucket) = minio_bucket();
+    let env = _m.aws_env();
+    let tmp = tempfile::tempdir().unwrap();
+    let pkg = common::make_pkg(&tmp.path().join("src"), "shared_pkg", 4 << 20);
+    publish(&bucket, &env, &[&pkg]);
+    let cache = tmp.path().join("cache");
+    let r = Realm {
+        name: "crowd",
+        bucket: &bucket,
+        cache: &cache,
+        env,
+    };
+    let code = "import shared_pkg, os; print(os.path.getsize(shared_pkg.__path__[0] + '/blob.bin'))";
+    let children: Vec<_> = (0..16)
+        .map(|_| {
+            r.cmd(code)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut total = 0;
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        show(&o);
+        assert_eq!(o.status.code(), Some(0));
+        assert_eq!(stdout(&o), format!("{}\n", 4 << 20));
+        total += fetched(&o);
+    }
+    assert_eq!(total, 1, "exactly one download across 16 supervisors");
+}
