@@ -324,8 +324,10 @@ fn minio_numpy_cold_warm_offline_and_down() {
     let env = m.aws_env();
     let tmp = tempfile::tempdir().unwrap();
     let pure = common::make_pkg(&tmp.path().join("src"), "purepkg", 20_000);
+    // Never imported while the server is up: its content is in no cache when it goes down.
+    let lonely = common::make_pkg(&tmp.path().join("src"), "lonely", 30_000);
     let numpy = common::wheel("numpy==2.1.3");
-    publish(&bucket, &env, &[&numpy, &pure]);
+    publish(&bucket, &env, &[&numpy, &pure, &lonely]);
     let cache = tmp.path().join("cache");
     let r = Realm {
         name: "r1",
@@ -378,13 +380,14 @@ print(numpy.__file__, int(numpy.arange(10).sum()), purepkg.NAME, f())
     assert_eq!(stdout(&o), expect);
     assert_eq!(fetched(&o), 0);
 
-    // Server gone, package not cached: ImportError within the fetch bound, one line naming the
+    // Server gone, package in no cache (another realm's content would be linked, no network):
+    // ImportError within the fetch bound, one line naming the
     // bucket, never a hang.
     let probe = r#"
 import time, os
 t = time.monotonic()
 try:
-    import purepkg
+    import lonely
     print("imported")
 except ImportError:
     print("ImportError", time.monotonic() - t)
