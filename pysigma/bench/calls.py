@@ -37,74 +37,89 @@ import pysigma.splib as splib
 from pysigma import _pysigma
 
 DATA = "Hello World!"  # σPy's benchmark payload (12 bytes)
+DATA_BYTES = DATA.encode()
+
+Samples = Dict[str, List[int]]
 
 
-def timed(n: int, setup: Optional[Callable[[int], Any]], call: Callable[[Any], Any],
-          teardown: Optional[Callable[[Any], Any]] = None) -> List[int]:
-    """Runs setup(i) untimed, call(state) timed, teardown(result) untimed; returns ns samples."""
-    out = []
-    clock = time.perf_counter_ns
+def timed(n: int, fn: Callable[..., Any], args: Tuple[Any, ...] = (),
+          setup: Optional[Callable[[int], Tuple[Any, ...]]] = None,
+          teardown: Optional[Callable[[Any], Any]] = None) -> Tuple[List[int], List[int]]:
+    """Calls fn(*args) n times, timed alone (setup(i), when given, makes the args untimed;
+    teardown(result) runs untimed). Returns the wall-clock ns of each call and the calling
+    thread's CPU ns around it (the CPU clock is read outside the wall-clock interval)."""
+    wall, cpu = [], []
+    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
     for i in range(n):
-        state = setup(i) if setup else None
+        if setup is not None:
+            args = setup(i)
+        c0 = cpu_clock()
         t0 = clock()
-        r = call(state)
+        r = fn(*args)
         t1 = clock()
-        out.append(t1 - t0)
-        if teardown:
+        c1 = cpu_clock()
+        wall.append(t1 - t0)
+        cpu.append(c1 - c0)
+        if teardown is not None:
             teardown(r)
-    return out
+    return wall, cpu
 
 
-def bench_suite(api: str, root: str, n: int) -> Dict[str, List[int]]:
+def bench_suite(api: str, root: str, n: int) -> Tuple[Samples, Samples]:
+    """The Table 4.1 calls through `api` ("splib": σPy's call shapes, "client": the Client
+    methods with their own argument types), each timed alone; returns (wall, cpu) samples.
+    spproxy/examples/calls.rs makes the same calls in the same order from Rust."""
+    d = f"{root}/{api}"
+    f12, wpath, ppath = f"{d}/file12", f"{d}/w", f"{d}/p"
     c = pysigma.client()
     f: Dict[str, Callable[..., Any]]
     if api == "splib":
         f = {name: getattr(splib, name) for name in ORDER}
+        write_data: Any = DATA  # splib takes str, as σPy's does
+        put_args: Tuple[Any, ...] = (ppath, 0o777, pysigma.OWRITE, DATA, 0, pysigma.NO_LEASE_ID)
+        f["PutFile"](f12, 0o777, pysigma.OWRITE, DATA, 0, pysigma.NO_LEASE_ID)
     else:
         f = {
             "Started": c.started, "Exited": c.exited, "ClntID": c.clnt_id,
             "Create": c.create_fd, "Open": c.open_fd, "Read": c.readinto_fd,
-            "Write": lambda fd, s: c.write_fd(fd, s.encode()),
-            "Seek": c.seek_fd, "CloseFD": c.close_fd,
-            "PutFile": lambda p, perm, mode, d, off, lease: c.put_file(
-                p, d.encode(), perm, mode, off, lease),
-            "GetFile": c.get_file, "Stat": c.stat, "Remove": c.remove,
+            "Write": c.write_fd, "Seek": c.seek_fd, "CloseFD": c.close_fd,
+            "PutFile": c.put_file, "GetFile": c.get_file, "Stat": c.stat, "Remove": c.remove,
         }
-    Started, Exited, ClntID = f["Started"], f["Exited"], f["ClntID"]
-    Create, Open, Write, Read = f["Create"], f["Open"], f["Write"], f["Read"]
-    Seek, CloseFD, PutFile, GetFile = f["Seek"], f["CloseFD"], f["PutFile"], f["GetFile"]
-    Stat, Remove = f["Stat"], f["Remove"]
-
-    d = f"{root}/{api}"
-    f12 = f"{d}/file12"
-    PutFile(f12, 0o777, pysigma.OWRITE, DATA, 0, pysigma.NO_LEASE_ID)
+        write_data = DATA_BYTES
+        put_args = (ppath, DATA_BYTES, 0o777, pysigma.OWRITE, 0, pysigma.NO_LEASE_ID)
+        c.put_file(f12, DATA_BYTES, 0o777, pysigma.OWRITE, 0, pysigma.NO_LEASE_ID)
+    Create, Open, Seek, CloseFD, Remove = (f["Create"], f["Open"], f["Seek"], f["CloseFD"],
+                                           f["Remove"])
     buf = bytearray(12)
-    res: Dict[str, List[int]] = {}
+    res: Dict[str, Tuple[List[int], List[int]]] = {}
 
-    res["ClntID"] = timed(n, None, lambda _: ClntID())
-    res["Started"] = timed(n, None, lambda _: Started())
-    res["Exited"] = timed(n, None, lambda _: Exited(1, "Exited normally!"))
-    res["Create"] = timed(n, lambda i: f"{d}/c{i}",
-                          lambda p: Create(p, 0o777, pysigma.OWRITE), CloseFD)
-    res["Open"] = timed(n, None, lambda _: Open(f12, pysigma.OREAD, False), CloseFD)
-    wfd = Create(f"{d}/w", 0o777, pysigma.OWRITE)
-    res["Write"] = timed(n, None, lambda _: Write(wfd, DATA))
+    res["ClntID"] = timed(n, f["ClntID"])
+    res["Started"] = timed(n, f["Started"])
+    res["Exited"] = timed(n, f["Exited"], (pysigma.STATUS_OK, "Exited normally!"))
+    res["Create"] = timed(n, Create, setup=lambda i: (f"{d}/c{i}", 0o777, pysigma.OWRITE),
+                          teardown=CloseFD)
+    res["Open"] = timed(n, Open, (f12, pysigma.OREAD, False), teardown=CloseFD)
+    wfd = Create(wpath, 0o777, pysigma.OWRITE)
+    res["Write"] = timed(n, f["Write"], (wfd, write_data))
     CloseFD(wfd)
     rfd = Open(f12, pysigma.OREAD, False)
-    res["Read"] = timed(n, lambda _: Seek(rfd, 0), lambda _: Read(rfd, buf))
-    assert bytes(buf) == DATA.encode(), buf
-    res["Seek"] = timed(n, None, lambda _: Seek(rfd, 0))
+
+    def rewind(_: int) -> Tuple[Any, ...]:
+        Seek(rfd, 0)
+        return (rfd, buf)
+
+    res["Read"] = timed(n, f["Read"], setup=rewind)
+    assert bytes(buf) == DATA_BYTES, buf
+    res["Seek"] = timed(n, Seek, (rfd, 0))
     CloseFD(rfd)
-    res["CloseFD"] = timed(n, lambda _: Open(f12, pysigma.OREAD, False), CloseFD)
-    res["PutFile"] = timed(n, None,
-                           lambda _: PutFile(f"{d}/p", 0o777, pysigma.OWRITE, DATA, 0,
-                                             pysigma.NO_LEASE_ID))
-    res["GetFile"] = timed(n, None, lambda _: GetFile(f12))
-    res["Stat"] = timed(n, None, lambda _: Stat(f12))
-    res["Remove"] = timed(n, lambda i: f"{d}/c{i}", Remove)
-    for p in (f"{d}/w", f"{d}/p", f12):
+    res["CloseFD"] = timed(n, CloseFD, setup=lambda _: (Open(f12, pysigma.OREAD, False),))
+    res["PutFile"] = timed(n, f["PutFile"], put_args)
+    res["GetFile"] = timed(n, f["GetFile"], (f12,))
+    res["Stat"] = timed(n, f["Stat"], (f12,))
+    res["Remove"] = timed(n, Remove, setup=lambda i: (f"{d}/c{i}",))
+    for p in (wpath, ppath, f12):
         Remove(p)
-    return res
+    return {k: v[0] for k, v in res.items()}, {k: v[1] for k, v in res.items()}
 
 
 ORDER = ["Started", "Exited", "Create", "Open", "Write", "Read", "Seek", "CloseFD", "PutFile",
@@ -112,8 +127,6 @@ ORDER = ["Started", "Exited", "Create", "Open", "Write", "Read", "Seek", "CloseF
 
 
 TABLE_4_1 = ORDER[:-1]  # the twelve calls of σPy's Table 4.1; ClntID is only the floor
-
-Samples = Dict[str, List[int]]
 
 
 def summary(xs: List[int]) -> Tuple[float, float]:
@@ -136,24 +149,25 @@ def ensure_dir(path: str) -> None:
         pysigma.create(path, perm=pysigma.DMDIR | 0o777, mode=pysigma.OREAD).close()
 
 
-def run_python(api: str, root: str, n: int, warmup: int) -> Samples:
+def run_python(api: str, root: str, n: int, warmup: int) -> Tuple[Samples, Samples]:
     ensure_dir(f"{root}/{api}")
     if warmup > 0:
         bench_suite(api, root, warmup)
     return bench_suite(api, root, n)
 
 
-def run_rust(binary: str, socket: str, root: str, n: int, warmup: int) -> Samples:
+def run_rust(binary: str, socket: str, root: str, n: int, warmup: int) -> Tuple[Samples, Samples]:
     """Runs the native client as a subprocess against `socket`. subprocess.run waits with the GIL
     released; the server needs no GIL anyway (its threads are pure Rust)."""
     cmd = [binary, "--socket", socket, "--root", root, "--dir", "rust", "-n", str(n),
            "--warmup", str(warmup)]
     out = subprocess.run(cmd, stdout=subprocess.PIPE, check=True, text=True).stdout
-    res: Samples = json.loads(out)
-    missing = [c for c in ORDER if len(res.get(c, [])) != n]
+    res: Dict[str, Samples] = json.loads(out)
+    missing = [f"{k}.{c}" for k in ("wall", "cpu") for c in ORDER
+               if len(res.get(k, {}).get(c, [])) != n]
     if missing:
         raise SystemExit(f"{binary} gave no {n} samples for {', '.join(missing)}")
-    return res
+    return res["wall"], res["cpu"]
 
 
 class ServerProc:
@@ -183,44 +197,50 @@ class ServerProc:
 
 def side_by_side(args: argparse.Namespace, server: str) -> int:
     sides = ["splib", "client", "rust"]
-    rounds: Dict[str, List[Samples]] = {s: [] for s in sides}
+    wall: Dict[str, List[Samples]] = {s: [] for s in sides}
+    cpu: Dict[str, List[Samples]] = {s: [] for s in sides}
     load0 = os.getloadavg()[0]
     t0 = time.monotonic()
     for r in range(args.rounds):
         k = r % len(sides)
         for side in sides[k:] + sides[:k]:
             if side == "rust":
-                res = run_rust(args.rust, args.socket, args.root, args.n, args.warmup)
+                w, c = run_rust(args.rust, args.socket, args.root, args.n, args.warmup)
             else:
-                res = run_python(side, args.root, args.n, args.warmup)
-            rounds[side].append(res)
+                w, c = run_python(side, args.root, args.n, args.warmup)
+            wall[side].append(w)
+            cpu[side].append(c)
     took = time.monotonic() - t0
     load1 = os.getloadavg()[0]
 
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"n": args.n, "warmup": args.warmup, "rounds": rounds}, f)
+            json.dump({"n": args.n, "warmup": args.warmup, "wall": wall, "cpu": cpu}, f)
 
     print(f"pysigma {sys.version.split()[0]} and {os.path.basename(args.rust)} (native "
           f"spproxy::Client) -> {server}")
     print(f"{args.rounds} rounds (side order rotating) x n={args.n} per call per side, warm-up "
           f"{args.warmup} per round; {os.cpu_count()} CPUs, load average {load0:.1f} -> "
-          f"{load1:.1f}, {took:.0f} s; p50 in µs over all rounds; per-round ratio range in []")
-    print(f"{'call':<8} {'Rust':>7} {'Client':>7} {'splib':>7}  {'Client/Rust':>22}  "
-          f"{'splib/Rust':>22}")
+          f"{load1:.1f}, {took:.0f} s")
+    print("µs, medians over all rounds; [range of the per-round ratios]; CPU = the calling "
+          "thread's CPU time per call (no waiting: the client-side cost)")
+    print(f"{'call':<8} {'Rust':>6} {'Client':>6} {'splib':>6}  {'Client/Rust':>17}  "
+          f"{'splib/Rust':>17}  {'CPU Rust':>8} {'Client':>6} {'splib':>6}")
     worst: Dict[str, Tuple[float, str]] = {"client": (0.0, ""), "splib": (0.0, "")}
     for name in ORDER:
-        rust = p50(merged(rounds["rust"], name))
+        rust = p50(merged(wall["rust"], name))
         cells = []
         for side in ("client", "splib"):
-            ratio = p50(merged(rounds[side], name)) / rust
-            per = [p50(a[name]) / p50(b[name]) for a, b in zip(rounds[side], rounds["rust"])]
-            cells.append(f"{ratio:>5.2f} [{min(per):.2f}-{max(per):.2f}]")
+            ratio = p50(merged(wall[side], name)) / rust
+            per = [p50(a[name]) / p50(b[name]) for a, b in zip(wall[side], wall["rust"])]
+            cells.append(f"{ratio:>4.2f} [{min(per):.2f}-{max(per):.2f}]")
             if name in TABLE_4_1 and ratio > worst[side][0]:
                 worst[side] = (ratio, name)
         label = name if name in TABLE_4_1 else f"({name})"
-        print(f"{label:<8} {rust:>7.1f} {p50(merged(rounds['client'], name)):>7.1f} "
-              f"{p50(merged(rounds['splib'], name)):>7.1f}  {cells[0]:>22}  {cells[1]:>22}")
+        cpus = " ".join(f"{p50(merged(cpu[s], name)):>{w}.1f}"
+                        for s, w in (("rust", 8), ("client", 6), ("splib", 6)))
+        print(f"{label:<8} {rust:>6.1f} {p50(merged(wall['client'], name)):>6.1f} "
+              f"{p50(merged(wall['splib'], name)):>6.1f}  {cells[0]:>17}  {cells[1]:>17}  {cpus}")
     ok = all(w[0] <= args.target for w in worst.values())
     print(f"every Table 4.1 ratio <= {args.target}: {'yes' if ok else 'no'} "
           f"(worst Client/Rust {worst['client'][0]:.2f} on {worst['client'][1]}, "
@@ -282,7 +302,7 @@ def main() -> int:
     try:
         if args.rust:
             return side_by_side(args, server)
-        results = {api: run_python(api, args.root, args.n, args.warmup)
+        results = {api: run_python(api, args.root, args.n, args.warmup)[0]
                    for api in ("splib", "client")}
         print(f"pysigma {sys.version.split()[0]} -> {server}; n={args.n} per call, "
               f"warm-up {args.warmup}; µs")
