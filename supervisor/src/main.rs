@@ -162,9 +162,10 @@ impl From<anyhow::Error> for Failure {
 fn run(cli: Cli) -> Result<u8, Failure> {
     let program = spawn::find_program(&cli.command[0])?;
     // A realm's lib dir is one more served dir (see realm.rs), on the target's PYTHONPATH.
-    let realm = realm::RealmPlan::new(&cli.realm)?;
+    let mut realm = realm::RealmPlan::new(&cli.realm)?;
     let mut serves = cli.serve.clone();
-    if let Some(r) = &realm {
+    if let Some(r) = &mut realm {
+        r.compile_with = realm::python_of(&program);
         serves.push(r.serve_rule());
         std::env::set_var(
             "PYTHONPATH",

@@ -62,6 +62,9 @@ pub struct RealmOpts {
 /// The realm's host paths, known before the target starts (no network, no threads).
 pub struct RealmPlan {
     pub opts: RealmOpts,
+    /// Interpreter that byte-compiles a package after this run installs it (the target's own
+    /// python, so the `.pyc` files match it); `None`: no compile.
+    pub compile_with: Option<PathBuf>,
     pub bucket: String,
     pub root: PathBuf,
     pub lib: PathBuf,
@@ -106,6 +109,7 @@ impl RealmPlan {
         std::fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
         Ok(Some(RealmPlan {
             opts: opts.clone(),
+            compile_with: None,
             bucket,
             root,
             lib,
@@ -175,6 +179,7 @@ impl RealmPlan {
             failed: Mutex::new(HashMap::new()),
             reported,
             inline_hits: AtomicU64::new(0),
+            compile_with: self.compile_with,
         })
     }
 }
@@ -266,6 +271,13 @@ pub struct RealmResolver {
     failed: Mutex<HashMap<String, (Instant, Errno)>>,
     reported: Mutex<HashSet<String>>,
     inline_hits: AtomicU64,
+    compile_with: Option<PathBuf>,
+}
+
+/// The interpreter to byte-compile with, if PROGRAM is a CPython (`python`, `python3.11`).
+pub fn python_of(program: &Path) -> Option<PathBuf> {
+    let name = program.file_name()?.to_str()?;
+    name.starts_with("python").then(|| program.to_path_buf())
 }
 
 fn first_component(rest: &Path) -> Option<&str> {
@@ -281,6 +293,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl RealmResolver {
+    /// Byte-compile a package this run installed, as pip does at install time, so later runs
+    /// import from `.pyc` (the target cannot write into the read-only prefix). In the
+    /// background: the target's own import does not wait; the supervisor reaps it at exit.
+    fn compile(&self, entry: &Path) {
+        let Some(py) = self.compile_with.clone() else {
+            return;
+        };
+        let entry = entry.to_path_buf();
+        let _ = std::thread::Builder::new()
+            .name("sigma-compile".into())
+            .spawn(move || {
+                let r = std::process::Command::new(&py)
+                    .args(["-I", "-m", "compileall", "-q", "-j", "0"])
+                    .arg(&entry)
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn();
+                // The supervisor's reaper may collect it first (ECHILD here): nothing to do.
+                if let Ok(mut c) = r {
+                    let _ = c.wait();
+                }
+            });
+    }
+
     fn owner(&self, rest: &Path) -> Option<&str> {
         self.owners.get(first_component(rest)?).map(String::as_str)
     }
@@ -323,6 +360,9 @@ impl Resolver for RealmResolver {
         match self.rt.block_on(self.cache.ensure_path(rest)) {
             Ok(Some(out)) => {
                 tracing::debug!(package = %out.package, fetched = out.fetched, "ensured");
+                if out.installed {
+                    self.compile(&out.dir);
+                }
                 lock(&self.installed).insert(pkg);
                 Ok(())
             }
