@@ -85,7 +85,9 @@ impl RealmPlan {
             ));
         }
         if !(opts.fetch_timeout > 0.0 && opts.fetch_timeout < 3600.0) {
-            return Err(anyhow!("--fetch-timeout must be between 0 and 3600 seconds"));
+            return Err(anyhow!(
+                "--fetch-timeout must be between 0 and 3600 seconds"
+            ));
         }
         // The fetcher checks the full rule when the cache opens; refuse path tricks before any
         // directory is created from the name.

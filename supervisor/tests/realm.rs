@@ -164,10 +164,16 @@ fn file_bucket_listing_import_cache_hit_and_hidden_cache() {
     ));
     assert_eq!(o.status.code(), Some(0));
     let out = stdout(&o);
-    assert!(out.contains("'demo_a'") && out.contains("'demo_b'"), "{out}");
+    assert!(
+        out.contains("'demo_a'") && out.contains("'demo_b'"),
+        "{out}"
+    );
     assert!(out.ends_with("True\n"), "{out}");
     assert_eq!(fetched(&o), 0);
-    assert!(listdir(&r.lib()).is_empty(), "the listing installed something");
+    assert!(
+        listdir(&r.lib()).is_empty(),
+        "the listing installed something"
+    );
 
     // First import fetches the package; the target cannot reach the host cache itself.
     let host_file = r.lib().join("demo_a/__init__.py");
@@ -244,7 +250,11 @@ except FileNotFoundError:
     ));
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(stdout(&o), "demo_a\nhidden\n");
-    assert_eq!(fetched(&o), 0, "the second realm links from the shared store");
+    assert_eq!(
+        fetched(&o),
+        0,
+        "the second realm links from the shared store"
+    );
     let ia = std::fs::metadata(r.lib().join("demo_a/blob.bin")).unwrap();
     let ib = std::fs::metadata(r2.lib().join("demo_a/blob.bin")).unwrap();
     assert_eq!((ia.dev(), ia.ino()), (ib.dev(), ib.ino()));
@@ -281,16 +291,14 @@ fn corrupted_object_is_refused_and_nothing_installed() {
         cache: &cache,
         env: vec![],
     };
-    let o = r.py(
-        r#"
+    let o = r.py(r#"
 for _ in range(2):
     try:
         import demo_c
         print("imported")
     except ImportError as e:
         print("ImportError")
-"#,
-    );
+"#);
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(stdout(&o), "ImportError\nImportError\n");
     let err = stderr(&o);
@@ -369,7 +377,9 @@ print(numpy.__file__, int(numpy.arange(10).sum()), purepkg.NAME, f())
         cache: &cache,
         env: env.clone(),
     };
-    let o = r3.py(&format!("import os; print('numpy' in os.listdir({PREFIX:?}))"));
+    let o = r3.py(&format!(
+        "import os; print('numpy' in os.listdir({PREFIX:?}))"
+    ));
     assert_eq!(stdout(&o), "True\n");
     assert_eq!(fetched(&o), 0);
 
@@ -393,7 +403,12 @@ except ImportError:
     print("ImportError", time.monotonic() - t)
 "#;
     let started = std::time::Instant::now();
-    let mut child = r3.cmd(probe).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = r3
+        .cmd(probe)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let deadline = started + Duration::from_secs(60);
     while child.try_wait().unwrap().is_none() {
         assert!(std::time::Instant::now() < deadline, "the target hangs");
@@ -406,7 +421,10 @@ except ImportError:
     let out = stdout(&o);
     assert!(out.starts_with("ImportError "), "{out}");
     let secs: f64 = out.trim().rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(secs < 10.0 && took < Duration::from_secs(10), "{secs} s in the target, {took:?} in all");
+    assert!(
+        secs < 10.0 && took < Duration::from_secs(10),
+        "{secs} s in the target, {took:?} in all"
+    );
     let err = stderr(&o);
     let lines: Vec<_> = err.lines().filter(|l| l.contains("unavailable")).collect();
     assert_eq!(lines.len(), 1, "{err}");
@@ -440,7 +458,8 @@ fn minio_sixteen_supervisors_one_download() {
         cache: &cache,
         env,
     };
-    let code = "import shared_pkg, os; print(os.path.getsize(shared_pkg.__path__[0] + '/blob.bin'))";
+    let code =
+        "import shared_pkg, os; print(os.path.getsize(shared_pkg.__path__[0] + '/blob.bin'))";
     let children: Vec<_> = (0..16)
         .map(|_| {
             r.cmd(code)
