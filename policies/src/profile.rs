@@ -465,6 +465,84 @@ impl Ctx<'_> {
     }
 }
 
+/// The exact complement of a condition, when one comparison can express it: `eq` <-> `ne`, and
+/// `masked_eq` on a single bit between "clear" and "set".
+pub(crate) fn complement(c: &ArgCmp) -> Option<ArgCmp> {
+    let (op, value) = match c.op {
+        CmpOp::Eq => (CmpOp::Ne, c.value),
+        CmpOp::Ne => (CmpOp::Eq, c.value),
+        CmpOp::MaskedEq(m) if m.is_power_of_two() && c.value == 0 => (CmpOp::MaskedEq(m), m),
+        CmpOp::MaskedEq(m) if m.is_power_of_two() && c.value == m => (CmpOp::MaskedEq(m), 0),
+        CmpOp::MaskedEq(_) => return None,
+    };
+    Some(ArgCmp {
+        arg: c.arg,
+        op,
+        value,
+    })
+}
+
+/// A syscall may have several entries: at most one unconditional (checked with the duplicates)
+/// and conditional ones (never `notify`, refused in [`Ctx::syscall`]). Next to an unconditional
+/// entry there may be only one conditional entry, with one condition that has an exact
+/// complement: libseccomp lets an unconditional rule swallow every conditional rule for the
+/// same syscall, so [`Profile::filter_spec`] emits the unconditional entry under the complement
+/// of the condition instead, whatever the kernel default is.
+fn check_mixed(
+    cx: &Ctx<'_>,
+    raw: &[Spanned<RawSyscall>],
+    entries: &[SyscallEntry],
+) -> Result<(), PolicyError> {
+    for (i, e) in entries.iter().enumerate() {
+        if e.when.is_empty() {
+            continue;
+        }
+        let Some(u) = entries
+            .iter()
+            .find(|u| u.name == e.name && u.when.is_empty())
+        else {
+            continue;
+        };
+        let what = format!("syscall `{}`", e.name);
+        let span = raw[i].get_ref().name.span();
+        if let Some(first) = entries[..i]
+            .iter()
+            .find(|c| c.name == e.name && !c.when.is_empty())
+        {
+            return Err(cx.err(
+                span,
+                format!(
+                    "{what}: next to the unconditional entry at line {} only one conditional \
+                     entry is possible (first at line {})",
+                    u.line, first.line
+                ),
+            ));
+        }
+        if e.when.len() != 1 || complement(&e.when[0]).is_none() {
+            return Err(cx.err(
+                raw[i].get_ref().when[0].span(),
+                format!(
+                    "{what}: next to the unconditional entry at line {} a conditional entry \
+                     needs exactly one condition with an exact complement (eq, ne, or \
+                     masked_eq on a single bit with value 0 or that bit)",
+                    u.line
+                ),
+            ));
+        }
+        if e.action == u.action {
+            return Err(cx.err(
+                span,
+                format!(
+                    "{what}: the conditional entry has the same action as the unconditional \
+                     entry at line {} (redundant)",
+                    u.line
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Profile {
     /// Parse and validate profile text; `file` names it in errors.
     pub fn parse(src: &str, file: &str) -> Result<Profile, PolicyError> {
@@ -481,20 +559,27 @@ impl Profile {
         let default = cx.default_action(&raw.default)?;
 
         let mut syscalls: Vec<SyscallEntry> = Vec::with_capacity(raw.syscall.len());
-        let mut seen: HashMap<String, usize> = HashMap::new();
         for s in &raw.syscall {
             let entry = cx.syscall(s)?;
-            if let Some(first) = seen.insert(entry.name.clone(), entry.line) {
+            let span = s.get_ref().name.span();
+            let same = |e: &&SyscallEntry| e.name == entry.name;
+            if let Some(first) = syscalls.iter().filter(same).find(|e| e.when == entry.when) {
+                let what = if entry.when.is_empty() {
+                    String::new()
+                } else {
+                    " with the same `when`".to_owned()
+                };
                 return Err(cx.err(
-                    s.get_ref().name.span(),
+                    span,
                     format!(
-                        "duplicate entry for syscall `{}` (first at line {first})",
-                        entry.name
+                        "duplicate entry for syscall `{}`{what} (first at line {})",
+                        entry.name, first.line
                     ),
                 ));
             }
             syscalls.push(entry);
         }
+        check_mixed(&cx, &raw.syscall, &syscalls)?;
 
         let mut rules: Vec<PathRule> = Vec::with_capacity(raw.path.len());
         let mut seen_prefix: HashMap<PathBuf, usize> = HashMap::new();
@@ -630,6 +715,8 @@ impl Profile {
     /// action equals the kernel default are left out: they are redundant, and libseccomp refuses
     /// a rule whose action is the default (so under a logging default the notified path calls
     /// are covered by the default itself; [`Profile::notification_kind`] tells them apart).
+    /// An unconditional entry next to a conditional one for the same syscall is emitted under
+    /// the complement of that condition, so the conditional rule survives in libseccomp.
     pub fn filter_spec(&self) -> FilterSpec {
         let default = match self.default {
             DefaultAction::Allow => Action::Allow,
@@ -637,21 +724,35 @@ impl Profile {
             DefaultAction::Errno { errno, log: false } => Action::Errno(errno),
             DefaultAction::Kill => Action::KillProcess,
         };
-        let rules = self
-            .syscalls
-            .iter()
-            .map(|e| SyscallRule {
+        let action = |a: SyscallAction| match a {
+            SyscallAction::Allow => Action::Allow,
+            SyscallAction::Notify => Action::Notify,
+            SyscallAction::Errno(n) => Action::Errno(n),
+            SyscallAction::Kill => Action::KillProcess,
+        };
+        let mut rules = Vec::with_capacity(self.syscalls.len());
+        for e in &self.syscalls {
+            // An unconditional entry next to a conditional one (validated: a single condition
+            // with an exact complement) applies where the condition fails. Written as is,
+            // libseccomp would let it swallow the conditional rule.
+            let when = match (
+                e.when.is_empty(),
+                self.syscalls
+                    .iter()
+                    .find(|c| c.name == e.name && !c.when.is_empty()),
+            ) {
+                (true, Some(c)) => c.when.iter().filter_map(complement).collect(),
+                _ => e.when.clone(),
+            };
+            let rule = SyscallRule {
                 name: e.name.clone(),
-                action: match e.action {
-                    SyscallAction::Allow => Action::Allow,
-                    SyscallAction::Notify => Action::Notify,
-                    SyscallAction::Errno(n) => Action::Errno(n),
-                    SyscallAction::Kill => Action::KillProcess,
-                },
-                when: e.when.clone(),
-            })
-            .filter(|r| r.action != default)
-            .collect();
+                action: action(e.action),
+                when,
+            };
+            if rule.action != default {
+                rules.push(rule);
+            }
+        }
         FilterSpec { default, rules }
     }
 }
