@@ -80,7 +80,7 @@ const TABLE_3_1: [&str; 73] = [
     "clock_gettime", //
 ];
 
-const PATH_CALLS: [&str; 14] = [
+const PATH_CALLS: [&str; 23] = [
     "open",
     "openat",
     "stat",
@@ -95,7 +95,29 @@ const PATH_CALLS: [&str; 14] = [
     "faccessat2",
     "openat2",
     "execveat",
+    "mkdir",
+    "rmdir",
+    "unlink",
+    "unlinkat",
+    "rename",
+    "renameat",
+    "renameat2",
+    "chmod",
+    "chdir",
 ];
+
+/// Path calls that also have a conditional allow for AT_EMPTY_PATH (fstat of a held fd), with the
+/// index of their flags argument.
+const EMPTY_PATH_ALLOWED: [(&str, u32); 2] = [("newfstatat", 3), ("statx", 2)];
+
+fn at_empty_path(arg: u32, set: bool) -> notify::ArgCmp {
+    let bit = libc::AT_EMPTY_PATH as u64;
+    notify::ArgCmp {
+        arg,
+        op: CmpOp::MaskedEq(bit),
+        value: if set { bit } else { 0 },
+    }
+}
 
 fn sigmaos() -> Profile {
     load("sigmaos").unwrap_or_else(|e| panic!("{e}"))
@@ -169,7 +191,10 @@ fn sigmaos_filter_spec_allows_or_notifies_table_3_1() {
     assert!(p.logs_denied());
     let notified = p.notified_syscalls();
     for name in TABLE_3_1 {
-        let rule = spec.rules.iter().find(|r| r.name == name);
+        let rule = spec
+            .rules
+            .iter()
+            .find(|r| r.name == name && r.when.is_empty());
         match rule {
             Some(r) => assert_eq!(r.action, Action::Allow, "{name}"),
             // Notify equals the kernel default, so the rule is left out; the profile still
@@ -188,9 +213,46 @@ fn sigmaos_filter_spec_allows_or_notifies_table_3_1() {
     let spec = quiet.filter_spec();
     assert_eq!(spec.default, Action::Errno(libc::EPERM));
     for name in PATH_CALLS {
-        let r = spec.rules.iter().find(|r| r.name == name).unwrap();
-        assert_eq!(r.action, Action::Notify, "{name}");
+        let r = spec
+            .rules
+            .iter()
+            .find(|r| r.name == name && r.action == Action::Notify);
+        let r = r.unwrap_or_else(|| panic!("no notify rule for {name}"));
+        match EMPTY_PATH_ALLOWED.iter().find(|(n, _)| *n == name) {
+            // Notified only where the allow's condition fails: libseccomp would let an
+            // unconditional rule swallow the conditional allow.
+            Some((_, arg)) => assert_eq!(r.when, [at_empty_path(*arg, false)], "{name}"),
+            None => assert!(r.when.is_empty(), "{name}"),
+        }
     }
+    spec.compile().unwrap();
+}
+
+#[test]
+fn sigmaos_allows_fstat_by_empty_path_in_the_kernel() {
+    let p = sigmaos();
+    let nr = |n: &str| i32::from(libseccomp::ScmpSyscall::from_name(n).unwrap());
+    for (name, arg) in EMPTY_PATH_ALLOWED {
+        let entries: Vec<_> = p.syscalls().iter().filter(|e| e.name == name).collect();
+        assert_eq!(entries.len(), 2, "{name}");
+        assert!(entries[0].when.is_empty());
+        assert_eq!(entries[0].action, SyscallAction::Notify, "{name}");
+        assert_eq!(entries[1].action, SyscallAction::Allow, "{name}");
+        assert_eq!(entries[1].when, [at_empty_path(arg, true)], "{name}");
+        assert_eq!(entries[1].origin, Some(Origin::Addition), "{name}");
+        // Still a path call for the supervisor when it is notified.
+        assert_eq!(p.notification_kind(nr(name)), Some(NotificationKind::Path));
+        // log = true: the kernel default is Notify, so the notify entry is the default and only
+        // the conditional allow is emitted.
+        let spec = p.filter_spec();
+        let rules: Vec<_> = spec.rules.iter().filter(|r| r.name == name).collect();
+        assert_eq!(rules.len(), 1, "{name}: {rules:?}");
+        assert_eq!(rules[0].action, Action::Allow);
+        assert_eq!(rules[0].when, [at_empty_path(arg, true)]);
+    }
+    // notified_syscalls lists each name once.
+    let n = p.notified_syscalls();
+    assert_eq!(n.iter().filter(|s| *s == "newfstatat").count(), 1);
 }
 
 #[test]
@@ -241,6 +303,62 @@ fn sigmaos_additions_for_glibc_cpython() {
 }
 
 #[test]
+fn sigmaos_additions_for_ordinary_programs() {
+    let p = sigmaos();
+    for name in [
+        "ftruncate",
+        "sendfile",
+        "clock_nanosleep",
+        "epoll_wait",
+        "getppid",
+        "getpgrp",
+    ] {
+        let e = entry(&p, name);
+        assert_eq!(e.action, SyscallAction::Allow, "{name}");
+        assert!(e.when.is_empty(), "{name}");
+        assert_eq!(e.origin, Some(Origin::Addition), "{name}");
+        assert!(!TABLE_3_1.contains(&name));
+    }
+    for name in [
+        "mkdir",
+        "rmdir",
+        "unlink",
+        "unlinkat",
+        "rename",
+        "renameat",
+        "renameat2",
+        "chmod",
+        "chdir",
+    ] {
+        let e = entry(&p, name);
+        assert_eq!(e.action, SyscallAction::Notify, "{name}");
+        assert_eq!(e.origin, Some(Origin::Addition), "{name}");
+    }
+    // socketpair only for AF_UNIX; any other family reaches the default.
+    let sp = entry(&p, "socketpair");
+    assert_eq!(sp.action, SyscallAction::Allow);
+    assert_eq!(
+        sp.when,
+        [notify::ArgCmp {
+            arg: 0,
+            op: CmpOp::Eq,
+            value: libc::AF_UNIX as u64
+        }]
+    );
+    let nr = |n: &str| i32::from(libseccomp::ScmpSyscall::from_name(n).unwrap());
+    // Deliberately left to the default: kill (no PID namespace yet), fchmod/fchown (would reach
+    // served host files through injected fds).
+    for name in ["kill", "fchmod", "fchown"] {
+        assert!(p.syscalls().iter().all(|e| e.name != name), "{name}");
+        assert_eq!(
+            p.notification_kind(nr(name)),
+            Some(NotificationKind::Denied { errno: libc::EPERM }),
+            "{name}"
+        );
+    }
+}
+
+#[test]
 fn permissive_allows_by_default_and_notifies_path_calls() {
     let p = load("permissive").unwrap();
     let spec = p.filter_spec();
@@ -253,6 +371,15 @@ fn permissive_allows_by_default_and_notifies_path_calls() {
     want.sort_unstable();
     assert_eq!(n, want);
     assert!(spec.rules.iter().all(|r| r.action == Action::Notify));
+    // The AT_EMPTY_PATH allow equals the default: what remains is a notify rule where the flag
+    // is clear.
+    for (name, arg) in EMPTY_PATH_ALLOWED {
+        let r = spec.rules.iter().find(|r| r.name == name).unwrap();
+        assert_eq!(r.when, [at_empty_path(arg, false)], "{name}");
+    }
+    let mut notified = p.notified_syscalls();
+    notified.sort();
+    assert_eq!(notified, want);
 }
 
 #[test]
@@ -374,6 +501,123 @@ fn rejects_duplicate_syscall() {
         &s,
         "# again",
         "duplicate entry for syscall `getpid` (first at line 9)",
+    );
+}
+
+#[test]
+fn several_entries_per_syscall() {
+    // A conditional allow next to an unconditional notify, and conditional entries alone.
+    let ok = format!(
+        "{HEAD}\n[[syscall]]\nname = \"newfstatat\"\naction = \"notify\"\nreason = \"x\"\n\
+         \n[[syscall]]\nname = \"newfstatat\"\naction = \"allow\"\nreason = \"x\"\n\
+         when = [{{ arg = 3, op = \"masked_eq\", mask = 0x1000, value = 0x1000 }}]\n\
+         \n[[syscall]]\nname = \"socketpair\"\naction = \"allow\"\nreason = \"x\"\n\
+         when = [{{ arg = 0, op = \"eq\", value = 1 }}]\n\
+         \n[[syscall]]\nname = \"socketpair\"\naction = \"errno\"\nerrno = \"EACCES\"\n\
+         reason = \"x\"\nwhen = [{{ arg = 0, op = \"eq\", value = 2 }}]\n"
+    );
+    let mut p = Profile::parse(&ok, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.notified_syscalls(), ["newfstatat"]);
+    p.filter_spec().compile().unwrap();
+    p.set_logs_denied(false);
+    let spec = p.filter_spec();
+    let rules: Vec<_> = spec
+        .rules
+        .iter()
+        .filter(|r| r.name == "newfstatat")
+        .collect();
+    assert_eq!(rules.len(), 2);
+    assert_eq!(rules[0].action, Action::Notify);
+    assert_eq!(rules[0].when, [at_empty_path(3, false)]);
+    assert_eq!(rules[1].action, Action::Allow);
+    assert_eq!(
+        spec.rules.iter().filter(|r| r.name == "socketpair").count(),
+        2
+    );
+    spec.compile().unwrap();
+}
+
+#[test]
+fn complement_is_exact_or_absent() {
+    use crate::profile::complement;
+    let c = |op, value| notify::ArgCmp { arg: 1, op, value };
+    assert_eq!(complement(&c(CmpOp::Eq, 5)), Some(c(CmpOp::Ne, 5)));
+    assert_eq!(complement(&c(CmpOp::Ne, 5)), Some(c(CmpOp::Eq, 5)));
+    let m = CmpOp::MaskedEq(0x1000);
+    assert_eq!(complement(&c(m, 0x1000)), Some(c(m, 0)));
+    assert_eq!(complement(&c(m, 0)), Some(c(m, 0x1000)));
+    // Several bits: "not (x & 3 == 1)" is not one masked comparison.
+    assert_eq!(complement(&c(CmpOp::MaskedEq(3), 1)), None);
+    assert_eq!(complement(&c(CmpOp::MaskedEq(3), 0)), None);
+}
+
+#[test]
+fn rejects_bad_mixed_entries() {
+    let base = format!(
+        "{HEAD}\n[[syscall]]\nname = \"newfstatat\"\naction = \"notify\"\nreason = \"x\"\n"
+    );
+    let cond = |action: &str, when: &str, mark: &str| {
+        format!(
+            "\n[[syscall]]\nname = \"newfstatat\" {mark}\naction = \"{action}\"\nreason = \"x\"\nwhen = [{when}]\n"
+        )
+    };
+    let bit = "{ arg = 3, op = \"masked_eq\", mask = 0x1000, value = 0x1000 }";
+    // The same condition twice.
+    let s = format!(
+        "{base}{}{}",
+        cond("allow", bit, ""),
+        cond("allow", bit, "# again")
+    );
+    rejects(
+        &s,
+        "# again",
+        "duplicate entry for syscall `newfstatat` with the same `when` (first at line 19)",
+    );
+    // Two conditional entries next to an unconditional one.
+    let other = "{ arg = 0, op = \"eq\", value = 3 }";
+    let s = format!(
+        "{base}{}{}",
+        cond("allow", bit, ""),
+        cond("allow", other, "# second")
+    );
+    rejects(
+        &s,
+        "# second",
+        "only one conditional entry is possible (first at line 19)",
+    );
+    // A condition without an exact complement, or two conditions.
+    let s = format!(
+        "{base}{}",
+        cond(
+            "allow",
+            "{ arg = 3, op = \"masked_eq\", mask = 0x1100, value = 0x1000 }",
+            ""
+        )
+    );
+    rejects(&s, "mask = 0x1100", "exact complement");
+    let s = format!("{base}{}", cond("allow", &format!("{bit}, {other}"), ""));
+    rejects(&s, "mask = 0x1000", "exactly one condition");
+    // Same action as the unconditional entry: redundant (and a conditional notify is refused).
+    let s = format!("{base}{}", cond("errno\"\nerrno = \"EPERM", bit, "# same"));
+    let s = s.replace(
+        "action = \"notify\"",
+        "action = \"errno\"\nerrno = \"EPERM\"",
+    );
+    rejects(
+        &s,
+        "# same",
+        "same action as the unconditional entry at line 14",
+    );
+    let s = format!("{base}{}", cond("notify", bit, ""));
+    rejects(&s, "when = [", "cannot have `when`");
+    // Still: two unconditional entries.
+    let s = format!(
+        "{base}\n[[syscall]]\nname = \"newfstatat\" # dup\naction = \"allow\"\nreason = \"x\"\n"
+    );
+    rejects(
+        &s,
+        "# dup",
+        "duplicate entry for syscall `newfstatat` (first at line 14)",
     );
 }
 

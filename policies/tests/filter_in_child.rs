@@ -132,6 +132,169 @@ fn sigmaos_filter_in_forked_child() {
     }
 }
 
+/// Checks of the additions and of the kernel-side AT_EMPTY_PATH allow, run in a child whose
+/// listener fd is closed: a notified call then fails with ENOSYS, so "not notified" is visible
+/// as success. `denied` is what an unlisted call fails with (EPERM, or ENOSYS when the kernel
+/// default is Notify).
+const ADDITION_CHECKS: &[&str] = &[
+    "ok",
+    "install failed",
+    "pipe2 failed",
+    "newfstatat(fd, \"\", AT_EMPTY_PATH) was notified or failed",
+    "newfstatat(AT_FDCWD, \"/\", 0) was not notified (ENOSYS)",
+    "newfstatat(AT_FDCWD, \"/\", AT_EMPTY_PATH) was notified or failed",
+    "statx(fd, \"\", AT_EMPTY_PATH) was notified or failed",
+    "statx(AT_FDCWD, \"/\", 0) was not notified (ENOSYS)",
+    "socketpair(AF_UNIX) failed",
+    "socketpair(AF_INET) was not denied",
+    "clock_nanosleep failed",
+    "getppid or getpgrp failed",
+    "kill(self, 0) was not denied",
+    "mkdir was not notified (ENOSYS)",
+    "chdir was not notified (ENOSYS)",
+    "fchmod was not denied",
+];
+
+fn addition_checks(filter: &CompiledFilter, denied: i32) -> i32 {
+    // The listener fd is dropped at once: notified calls fail with ENOSYS.
+    if filter.install().is_err() {
+        return 1;
+    }
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a live array of two c_ints on our stack.
+    if raw(unsafe { libc::syscall(libc::SYS_pipe2, fds.as_mut_ptr(), libc::O_CLOEXEC) }).is_err() {
+        return 2;
+    }
+    // SAFETY: an all-zero `stat`/`statx` is a valid value of these plain C structs.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let st_p = &mut st as *mut libc::stat;
+    let stx_p = &mut stx as *mut libc::statx;
+    let (empty, root) = (c"".as_ptr(), c"/".as_ptr());
+    let fstatat = |dirfd: libc::c_int, path: *const libc::c_char, flags: libc::c_int| {
+        // SAFETY: `path` points to a NUL-terminated literal, `st_p` to a live stat buffer.
+        raw(unsafe { libc::syscall(libc::SYS_newfstatat, dirfd, path, st_p, flags) })
+    };
+    let statx = |dirfd: libc::c_int, path: *const libc::c_char, flags: libc::c_int| {
+        // SAFETY: `path` points to a NUL-terminated literal, `stx_p` to a live statx buffer.
+        raw(unsafe {
+            libc::syscall(
+                libc::SYS_statx,
+                dirfd,
+                path,
+                flags,
+                libc::STATX_BASIC_STATS,
+                stx_p,
+            )
+        })
+    };
+    if fstatat(fds[0], empty, libc::AT_EMPTY_PATH) != Ok(0) {
+        return 3;
+    }
+    if fstatat(libc::AT_FDCWD, root, 0) != Err(libc::ENOSYS) {
+        return 4;
+    }
+    if fstatat(libc::AT_FDCWD, root, libc::AT_EMPTY_PATH) != Ok(0) {
+        return 5;
+    }
+    if statx(fds[0], empty, libc::AT_EMPTY_PATH) != Ok(0) {
+        return 6;
+    }
+    if statx(libc::AT_FDCWD, root, 0) != Err(libc::ENOSYS) {
+        return 7;
+    }
+    let mut sv = [0 as libc::c_int; 2];
+    let sv_p = sv.as_mut_ptr();
+    let pair = |family: libc::c_int| {
+        // SAFETY: `sv_p` points to a live array of two c_ints; fds leak until _exit.
+        raw(unsafe { libc::syscall(libc::SYS_socketpair, family, libc::SOCK_STREAM, 0, sv_p) })
+    };
+    if pair(libc::AF_UNIX) != Ok(0) {
+        return 8;
+    }
+    if pair(libc::AF_INET) != Err(denied) {
+        return 9;
+    }
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 1000,
+    };
+    // SAFETY: `ts` is a live timespec; the remaining-time pointer is null.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_clock_nanosleep,
+            libc::CLOCK_MONOTONIC,
+            0,
+            &ts,
+            0usize,
+        )
+    };
+    if r != 0 {
+        return 10;
+    }
+    // SAFETY: getppid takes no arguments.
+    let ppid = raw(unsafe { libc::syscall(libc::SYS_getppid) });
+    // SAFETY: getpgrp takes no arguments.
+    let pgrp = raw(unsafe { libc::syscall(libc::SYS_getpgrp) });
+    if ppid.is_err() || pgrp.is_err() {
+        return 11;
+    }
+    // SAFETY: signal 0 to our own pid only checks existence.
+    if raw(unsafe { libc::syscall(libc::SYS_kill, libc::getpid(), 0) }) != Err(denied) {
+        return 12;
+    }
+    // SAFETY: literal path; the call would fail with ENOENT if it ran.
+    if raw(unsafe { libc::syscall(libc::SYS_mkdir, c"/nonexistent/sigma".as_ptr(), 0o700) })
+        != Err(libc::ENOSYS)
+    {
+        return 13;
+    }
+    // SAFETY: literal path.
+    if raw(unsafe { libc::syscall(libc::SYS_chdir, root) }) != Err(libc::ENOSYS) {
+        return 14;
+    }
+    // SAFETY: fchmod on our own pipe fd.
+    if raw(unsafe { libc::syscall(libc::SYS_fchmod, fds[0], 0o600) }) != Err(denied) {
+        return 15;
+    }
+    0
+}
+
+fn run_in_child(checks: &[&str], f: impl FnOnce() -> i32) {
+    // SAFETY: the child only runs `f` (install and raw syscalls, no allocation) and then _exit,
+    // so forking from the multi-threaded test harness is sound.
+    match unsafe { fork() }.unwrap() {
+        ForkResult::Child => {
+            let code = f();
+            // SAFETY: _exit ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => match waitpid(child, None).unwrap() {
+            WaitStatus::Exited(_, 0) => {}
+            WaitStatus::Exited(_, code) => panic!(
+                "check {code} failed in the filtered child: {}",
+                checks.get(code as usize).unwrap_or(&"unknown")
+            ),
+            other => panic!("filtered child ended with {other:?}"),
+        },
+    }
+}
+
+#[test]
+fn sigmaos_additions_in_forked_child() {
+    // Kernel default EPERM: the notify rules for newfstatat/statx are explicit, emitted under the
+    // complement of the AT_EMPTY_PATH condition next to the conditional allow.
+    let mut quiet = policies::load("sigmaos").unwrap();
+    quiet.set_logs_denied(false);
+    let compiled = quiet.filter_spec().compile().unwrap();
+    run_in_child(ADDITION_CHECKS, || addition_checks(&compiled, libc::EPERM));
+    // Kernel default Notify (log = true): only the conditional allows are emitted.
+    let logging = policies::load("sigmaos").unwrap();
+    let compiled = logging.filter_spec().compile().unwrap();
+    run_in_child(ADDITION_CHECKS, || addition_checks(&compiled, libc::ENOSYS));
+}
+
 /// The real interpreter behind the pyenv shim (the shim is a shell script).
 fn python() -> String {
     let out = Command::new("python3.11")
@@ -154,8 +317,26 @@ try:
     print("socket allowed")
 except PermissionError:
     print("socket EPERM")
+import asyncio, os, pathlib, shutil, tempfile, time
+d = tempfile.mkdtemp()
+p = pathlib.Path(d, "a.txt"); p.write_text("x")
+os.mkdir(os.path.join(d, "sub"))
+shutil.copy(p, os.path.join(d, "sub", "b.txt"))
+os.replace(p, os.path.join(d, "c.txt"))
+with open(os.path.join(d, "c.txt"), "r+") as f: f.truncate(0)
+pathlib.Path(d, "c.txt").unlink()
+r = subprocess.run([sys.executable, "-c", "import os; print(os.getcwd())"], cwd=d,
+    capture_output=True)
+assert r.returncode == 0 and r.stdout.decode().strip() == d, r
+shutil.rmtree(d)
+assert not os.path.exists(d)
+time.sleep(0.001)
+async def main(): await asyncio.sleep(0.001); return 7
+assert asyncio.run(main()) == 7
 print(json.dumps({"ok": True}))
 "#;
+
+const AT_EMPTY_PATH: u64 = libc::AT_EMPTY_PATH as u64;
 
 /// Run PROGRAM under `profile`, answering notifications as the supervisor would (path calls:
 /// continue — this test has no path rules to enforce; denied calls: the profile's errno, noted).
@@ -181,6 +362,14 @@ fn run_python_supervised(profile: Profile) -> (String, BTreeSet<String>, BTreeSe
             let name = n.syscall_name().unwrap_or_else(|| n.syscall.to_string());
             let resp = match profile2.notification_kind(n.syscall) {
                 Some(NotificationKind::Path) => {
+                    let empty_path = (name == "newfstatat" && n.args[3] & AT_EMPTY_PATH != 0)
+                        || (name == "statx" && n.args[2] & AT_EMPTY_PATH != 0);
+                    if empty_path {
+                        paths2
+                            .lock()
+                            .unwrap()
+                            .insert(format!("{name}(AT_EMPTY_PATH)"));
+                    }
                     paths2.lock().unwrap().insert(name);
                     Response::continue_unchecked()
                 }
@@ -242,6 +431,17 @@ fn cpython_threads_and_subprocess_run_under_sigmaos() {
     for name in ["openat", "newfstatat", "execve"] {
         assert!(paths.contains(name), "{name} not notified: {paths:?}");
     }
+    // The file, sleep and asyncio code of PROGRAM reaches nothing denied besides socket().
+    assert_eq!(denied, BTreeSet::from(["socket".to_owned()]));
+    // Its path-bearing file calls went to the supervisor.
+    for name in [
+        "mkdir", "rmdir", "unlink", "unlinkat", "rename", "chmod", "chdir",
+    ] {
+        assert!(paths.contains(name), "{name} not notified: {paths:?}");
+    }
+    // fstat of held fds stayed in the kernel.
+    assert!(!paths.contains("newfstatat(AT_EMPTY_PATH)"), "{paths:?}");
+    assert!(!paths.contains("statx(AT_EMPTY_PATH)"), "{paths:?}");
 }
 
 #[test]
@@ -251,4 +451,6 @@ fn cpython_under_permissive_denies_nothing() {
     assert_eq!(stdout, "socket allowed\n{\"ok\": true}\n");
     assert!(denied.is_empty(), "{denied:?}");
     assert!(paths.contains("openat"), "{paths:?}");
+    assert!(paths.contains("unlinkat"), "{paths:?}");
+    assert!(!paths.contains("newfstatat(AT_EMPTY_PATH)"), "{paths:?}");
 }
