@@ -26,6 +26,16 @@ rm -rf "$work/venv"
 venv_py="$work/venv/bin/python"
 "$venv_py" -m pip install -q --disable-pip-version-check "$wheel" pytest mypy typing_extensions
 
+# test_supervised.py runs the venv's python under sigma-supervise: build it (CARGO_TARGET_DIR aware)
+# unless SIGMA_SUPERVISE already names one.
+if [ -z "${SIGMA_SUPERVISE:-}" ]; then
+  echo "pysigma: building sigma-supervise" >&2
+  (cd "$crate/.." && cargo build -q -p sigma-supervise) >&2
+  target="${CARGO_TARGET_DIR:-$crate/../target}"
+  case "$target" in /*) ;; *) target="$crate/../$target" ;; esac
+  export SIGMA_SUPERVISE="$(cd "$target/debug" && pwd)/sigma-supervise"
+fi
+
 # Run from outside the source tree so `import pysigma` can only find the installed wheel.
 cd "$work"
 "$venv_py" - <<'PY'

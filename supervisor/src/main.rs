@@ -12,6 +12,7 @@ mod policy;
 mod publish;
 mod realm;
 mod serve;
+mod sigma_api;
 mod spawn;
 mod stats;
 mod supervisor;
@@ -40,6 +41,9 @@ pub struct Cli {
 
     #[command(flatten)]
     pub realm: realm::RealmOpts,
+
+    #[command(flatten)]
+    pub sigma: sigma_api::SigmaOpts,
 
     /// Builtin profile name (sigmaos, permissive) or a TOML profile file.
     #[arg(long, value_name = "NAME|FILE", default_value = "sigmaos")]
@@ -184,11 +188,20 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     if elide {
         tracing::info!("no path rule and no --trace: path calls run without notification");
     }
+    let mut api = sigma_api::SigmaApi::from_opts(
+        &cli.sigma,
+        &cli.realm.realm,
+        cli.realm.cache_dir.as_deref(),
+    )?;
     let mut prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu, elide)?;
+    if let Some((fd, number)) = api.take_target_end() {
+        prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
+    }
     if let Some(r) = &realm {
         prepared.hide_also(&r.root)?;
     }
     let child = spawn::spawn(prepared)?;
+    api.start();
     // Threads (the fetch runtime) only after fork; the child waits for `go`.
     let resolver: Box<dyn serve::Resolver> = match realm {
         Some(r) => Box::new(r.start()?),
@@ -203,7 +216,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         !cli.no_sync_wakeup,
         resolver,
     )?;
-    Ok(status)
+    api.finish(status, cli.stats, cli.sigma.require_started)
 }
 
 #[cfg(test)]

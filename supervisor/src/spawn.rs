@@ -120,6 +120,23 @@ pub struct Prepared {
     denies: Vec<DenyMount>,
     scratch: Option<Scratch>,
     pin_cpu: Option<usize>,
+    /// Descriptors the target inherits (close-on-exec already cleared); ours close after fork.
+    inherited: Vec<OwnedFd>,
+}
+
+impl Prepared {
+    /// Let the target inherit `fd` (its close-on-exec flag must be clear) and set `key=value`
+    /// in its environment, replacing an inherited value.
+    pub fn pass_fd(&mut self, fd: OwnedFd, key: &str, value: &str) -> anyhow::Result<()> {
+        let prefix = format!("{key}=");
+        self._envp
+            .retain(|kv| !kv.as_bytes().starts_with(prefix.as_bytes()));
+        let kv = format!("{key}={value}");
+        self._envp.push(cstring(OsStr::new(&kv))?);
+        self.envp_ptrs = ptrs(&self._envp);
+        self.inherited.push(fd);
+        Ok(())
+    }
 }
 
 fn cstring(s: &OsStr) -> anyhow::Result<CString> {
@@ -196,6 +213,7 @@ pub fn prepare(
         denies,
         scratch,
         pin_cpu,
+        inherited: Vec::new(),
     })
 }
 

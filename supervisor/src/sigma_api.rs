@@ -1,0 +1,528 @@
+//! The σOS API for the target: a pre-connected spproxy socket in `SIGMA_SPPROXY_FD`.
+//!
+//! The sigmaos profile refuses socket/connect, so the target cannot dial spproxyd itself. Before
+//! fork the supervisor makes a connected pair (or connects to a running spproxyd), clears
+//! close-on-exec on the target's end and names its number in `SIGMA_SPPROXY_FD`; the
+//! `spproxy::Client` (pysigma) adopts it once per process and marks it close-on-exec, so a
+//! subprocess of the target does not inherit the connection (it has no σOS API of its own).
+//!
+//! `--sigma embedded` (the default when no σOS is configured) serves the other end in this
+//! process with [`spproxy::server::Server`]: `name/ux/~local/...` is a per-realm scratch
+//! directory, `name/s3/~local/BUCKET/KEY` an object in bucket BUCKET of the fetcher's storage
+//! backends ([`FetcherObjects`]). The server's thread is never joined: once every target process
+//! has exited, the target's end is closed and the connection thread ends on EOF by itself; the
+//! supervisor exits without waiting for it either way.
+#![forbid(unsafe_code)]
+
+use crate::Failure;
+use anyhow::{anyhow, Context as _};
+use fetcher::store::{get_bytes, open_store, Store, StoreOptions};
+use fetcher::{FetchConfig, FetchError};
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use spproxy::consts::{STATUS_ERR, STATUS_EVICTED, STATUS_FATAL, STATUS_OK};
+use spproxy::server::{ObjectMeta, ObjectStore, ProcState, Server, ServerConfig, StoreError};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::SystemTime;
+
+/// Exit status when `--require-started` is given and the proc never called Started.
+pub const NOT_STARTED_EXIT: u8 = 125;
+
+/// Where the target's σOS API comes from (`--sigma`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SigmaMode {
+    /// An embedded realm server in the supervisor.
+    Embedded,
+    /// A running spproxyd listening at this socket; the supervisor connects for the target.
+    Socket(PathBuf),
+    /// No σOS API: `SIGMA_SPPROXY_FD` is not set.
+    Off,
+}
+
+impl SigmaMode {
+    /// `embedded`, `off`, or a socket path.
+    pub fn parse(s: &str) -> Result<SigmaMode, String> {
+        match s {
+            "embedded" => Ok(SigmaMode::Embedded),
+            "off" => Ok(SigmaMode::Off),
+            "" => Err("expected embedded, off or a spproxyd socket path".into()),
+            p => Ok(SigmaMode::Socket(PathBuf::from(p))),
+        }
+    }
+
+    /// The default: a σOS-configured environment (SIGMACONFIG set) with spproxyd running at
+    /// its fixed socket uses it; anything else gets the embedded server.
+    pub fn default_from_env() -> SigmaMode {
+        let configured =
+            std::env::var_os(spproxy::procenv::SIGMACONFIG).is_some_and(|v| !v.is_empty());
+        let sock = Path::new(spproxy::DEFAULT_SOCKET);
+        let is_socket = std::fs::symlink_metadata(sock)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+        if configured && is_socket {
+            SigmaMode::Socket(sock.to_owned())
+        } else {
+            SigmaMode::Embedded
+        }
+    }
+}
+
+/// Backend of `name/s3/~local/BUCKET` (`--s3`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum S3Backend {
+    /// S3 configured the standard AWS way (environment, profile, `AWS_ENDPOINT_URL`).
+    Aws,
+    /// Bucket B is the directory `DIR/B` (`file:///DIR`).
+    Dir(PathBuf),
+}
+
+impl S3Backend {
+    /// `s3` (or `s3://`) or `file:///DIR`.
+    pub fn parse(s: &str) -> Result<S3Backend, String> {
+        if s == "s3" || s == "s3://" {
+            return Ok(S3Backend::Aws);
+        }
+        match s.strip_prefix("file://") {
+            Some(p) if p.starts_with('/') => Ok(S3Backend::Dir(PathBuf::from(p))),
+            _ => Err("expected s3 (standard AWS configuration) or file:///DIR".into()),
+        }
+    }
+}
+
+/// The embedded server's settings.
+#[derive(Debug, Clone)]
+pub struct EmbeddedConfig {
+    pub realm: String,
+    pub scratch_dir: PathBuf,
+    pub s3: S3Backend,
+}
+
+impl EmbeddedConfig {
+    /// `<cache-root>/realms/<realm>/ux` unless a scratch dir is given.
+    pub fn new(realm: &str, scratch_dir: Option<PathBuf>, s3: S3Backend) -> EmbeddedConfig {
+        let scratch_dir = scratch_dir.unwrap_or_else(|| {
+            fetcher::default_cache_root()
+                .join("realms")
+                .join(realm)
+                .join("ux")
+        });
+        EmbeddedConfig {
+            realm: realm.to_owned(),
+            scratch_dir,
+            s3,
+        }
+    }
+}
+
+/// Command-line options of the target's σOS API.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SigmaOpts {
+    /// The target's σOS API (an inherited socket named by SIGMA_SPPROXY_FD): `embedded` realm
+    /// server in the supervisor, the socket PATH of a running spproxyd, or `off`
+    /// [default: /tmp/spproxyd/spproxyd.sock when SIGMACONFIG is set and it exists, else
+    /// embedded].
+    #[arg(long, value_name = "embedded|PATH|off", value_parser = SigmaMode::parse)]
+    pub sigma: Option<SigmaMode>,
+
+    /// Embedded server: backend of name/s3/~local/BUCKET/KEY, `s3` (standard AWS
+    /// configuration, AWS_ENDPOINT_URL) or file:///DIR (bucket B is the directory DIR/B).
+    #[arg(long, value_name = "s3|file:///DIR", default_value = "s3", value_parser = S3Backend::parse)]
+    pub s3: S3Backend,
+
+    /// Embedded server: host directory behind name/ux/~local (created)
+    /// [default: <cache root>/realms/<realm>/ux].
+    #[arg(long, value_name = "DIR")]
+    pub scratch_dir: Option<PathBuf>,
+
+    /// Fail (exit 125, one line on stderr) if the proc never called Started. Needs the
+    /// embedded server, which is what observes Started.
+    #[arg(long)]
+    pub require_started: bool,
+}
+
+/// The σOS API of one run: prepared before fork, started after it, reported at exit.
+pub struct SigmaApi {
+    /// The target's end, handed over at spawn.
+    target_end: Option<OwnedFd>,
+    /// The embedded server and its end of the pair (until started).
+    server: Option<(Server, Option<UnixStream>)>,
+}
+
+impl SigmaApi {
+    /// From the options, the realm name and the cache root (`None`: the fetcher's default).
+    pub fn from_opts(
+        opts: &SigmaOpts,
+        realm: &str,
+        cache_root: Option<&Path>,
+    ) -> anyhow::Result<SigmaApi> {
+        let mode = opts
+            .sigma
+            .clone()
+            .unwrap_or_else(SigmaMode::default_from_env);
+        if opts.require_started && mode != SigmaMode::Embedded {
+            return Err(anyhow!(
+                "--require-started needs the embedded server (--sigma embedded): only it \
+                 observes Started"
+            ));
+        }
+        let scratch = opts
+            .scratch_dir
+            .clone()
+            .or_else(|| cache_root.map(|root| root.join("realms").join(realm).join("ux")));
+        let embedded = EmbeddedConfig::new(realm, scratch, opts.s3.clone());
+        SigmaApi::prepare(mode, &embedded)
+    }
+
+    /// Make the connection (no threads are started: the supervisor forks afterwards).
+    pub fn prepare(mode: SigmaMode, embedded: &EmbeddedConfig) -> anyhow::Result<SigmaApi> {
+        let (target, server) = match &mode {
+            SigmaMode::Off => {
+                return Ok(SigmaApi {
+                    target_end: None,
+                    server: None,
+                })
+            }
+            SigmaMode::Socket(path) => {
+                let s = UnixStream::connect(path).with_context(|| {
+                    format!(
+                        "--sigma: cannot connect to spproxyd at {} (use --sigma embedded to run \
+                         without σOS)",
+                        path.display()
+                    )
+                })?;
+                (s, None)
+            }
+            SigmaMode::Embedded => {
+                let store = Arc::new(FetcherObjects::new(embedded.s3.clone()));
+                let srv = Server::new(ServerConfig::new(
+                    embedded.realm.clone(),
+                    embedded.scratch_dir.clone(),
+                    store,
+                ))
+                .context("embedded realm server")?;
+                let (ours, theirs) =
+                    UnixStream::pair().context("socketpair for the embedded server")?;
+                (theirs, Some((srv, Some(ours))))
+            }
+        };
+        let fd = OwnedFd::from(target);
+        // The target inherits this end across execve; the supervisor's copy is dropped once the
+        // child is forked.
+        fcntl(&fd, FcntlArg::F_SETFD(FdFlag::empty()))
+            .context("clearing close-on-exec on the target's spproxy socket")?;
+        tracing::debug!(?mode, fd = fd.as_raw_fd(), "σOS API for the target");
+        Ok(SigmaApi {
+            target_end: Some(fd),
+            server,
+        })
+    }
+
+    /// The fd to leave open in the child and the `SIGMA_SPPROXY_FD` value naming it.
+    pub fn take_target_end(&mut self) -> Option<(OwnedFd, String)> {
+        self.target_end.take().map(|fd| {
+            let n = fd.as_raw_fd().to_string();
+            (fd, n)
+        })
+    }
+
+    /// Serve the embedded connection on its own thread. Call after fork.
+    pub fn start(&mut self) {
+        if let Some((srv, end @ Some(_))) = &mut self.server {
+            let stream = end.take().expect("checked Some");
+            // Detached: ends when every target process has closed its end.
+            drop(srv.serve_stream(stream));
+            tracing::debug!(realm = %srv.config().realm, "embedded realm server started");
+        }
+    }
+
+    /// What the proc reported (embedded server only).
+    pub fn proc_state(&self) -> Option<ProcState> {
+        self.server.as_ref().map(|(s, _)| s.proc_state())
+    }
+
+    /// End of run: the Exited line, the `--stats` line, and the `--require-started` check.
+    /// Returns the exit status to report.
+    pub fn finish(&self, code: u8, want_stats: bool, require_started: bool) -> Result<u8, Failure> {
+        let Some(st) = self.proc_state() else {
+            return Ok(code);
+        };
+        if let Some((status, msg)) = &st.exited {
+            eprintln!("sigma-supervise: {}", exited_line(*status, msg));
+        }
+        if want_stats {
+            eprintln!("{}", stats_line(&st));
+        }
+        if require_started && !st.started {
+            return Err(Failure {
+                error: anyhow!(
+                    "--require-started: the proc never called Started (program exit status {code})"
+                ),
+                code: NOT_STARTED_EXIT,
+            });
+        }
+        Ok(code)
+    }
+}
+
+/// σOS's proc status name (proc/status.go).
+pub fn status_name(status: u32) -> &'static str {
+    match status {
+        STATUS_OK => "OK",
+        STATUS_EVICTED => "EVICTED",
+        STATUS_ERR => "ERR",
+        STATUS_FATAL => "FATAL",
+        _ => "unknown",
+    }
+}
+
+/// `proc exited: status 1 (OK) "msg"` (the message escaped as a Rust string literal's body).
+pub fn exited_line(status: u32, msg: &str) -> String {
+    format!(
+        "proc exited: status {status} ({}) \"{}\"",
+        status_name(status),
+        msg.escape_debug()
+    )
+}
+
+/// `sigma-supervise proc: started yes, exited status 1 (OK), N σOS calls`.
+pub fn stats_line(st: &ProcState) -> String {
+    let exited = match &st.exited {
+        Some((s, _)) => format!("exited status {s} ({})", status_name(*s)),
+        None => "never exited".to_owned(),
+    };
+    format!(
+        "sigma-supervise proc: started {}, {exited}, {} σOS calls",
+        if st.started { "yes" } else { "no" },
+        st.calls
+    )
+}
+
+/// spproxy's synchronous [`ObjectStore`] over the fetcher's async [`Store`] backends: bucket
+/// BUCKET of `name/s3/~local/BUCKET/KEY` is opened as `s3://BUCKET` or `file:///DIR/BUCKET`.
+/// Calls run on the server's connection thread, blocking on a small runtime started on first
+/// use (a run that never touches s3 starts none).
+pub struct FetcherObjects {
+    backend: S3Backend,
+    opts: StoreOptions,
+    cfg: FetchConfig,
+    rt: OnceLock<Result<tokio::runtime::Runtime, String>>,
+    stores: Mutex<HashMap<String, Arc<dyn Store>>>,
+}
+
+impl FetcherObjects {
+    pub fn new(backend: S3Backend) -> FetcherObjects {
+        FetcherObjects {
+            backend,
+            opts: StoreOptions::default(),
+            cfg: FetchConfig {
+                progress: false,
+                ..FetchConfig::default()
+            },
+            rt: OnceLock::new(),
+            stores: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn unavailable(bucket: &str, key: &str, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Unavailable {
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            source: std::io::Error::other(e.to_string()),
+        }
+    }
+
+    fn block_on<T>(
+        &self,
+        bucket: &str,
+        key: &str,
+        f: impl std::future::Future<Output = Result<T, FetchError>>,
+    ) -> Result<T, StoreError> {
+        let rt = self.rt.get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("sigma-s3")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        });
+        let rt = rt
+            .as_ref()
+            .map_err(|e| Self::unavailable(bucket, key, format!("starting the S3 runtime: {e}")))?;
+        rt.block_on(f).map_err(|e| map_err(bucket, key, e))
+    }
+
+    fn check_bucket(bucket: &str) -> Result<(), StoreError> {
+        if bucket.is_empty() || bucket == "." || bucket == ".." || bucket.contains(['/', '\0']) {
+            return Err(StoreError::InvalidKey {
+                bucket: bucket.to_owned(),
+                key: String::new(),
+                why: "bad bucket name",
+            });
+        }
+        Ok(())
+    }
+
+    fn store(&self, bucket: &str, key: &str) -> Result<Arc<dyn Store>, StoreError> {
+        Self::check_bucket(bucket)?;
+        let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = stores.get(bucket) {
+            return Ok(Arc::clone(s));
+        }
+        let url = match &self.backend {
+            S3Backend::Aws => format!("s3://{bucket}"),
+            S3Backend::Dir(root) => format!("file://{}", root.join(bucket).display()),
+        };
+        let s = self.block_on(bucket, key, open_store(&url, &self.opts, &self.cfg))?;
+        stores.insert(bucket.to_owned(), Arc::clone(&s));
+        Ok(s)
+    }
+}
+
+fn map_err(bucket: &str, key: &str, e: FetchError) -> StoreError {
+    let (b, k) = (bucket.to_owned(), key.to_owned());
+    match e {
+        FetchError::NotFound { .. } => StoreError::NotFound { bucket: b, key: k },
+        FetchError::BucketNotFound { .. } => StoreError::NotFound {
+            bucket: b,
+            key: String::new(),
+        },
+        FetchError::PermissionDenied { .. } => StoreError::PermissionDenied { bucket: b, key: k },
+        e => FetcherObjects::unavailable(bucket, key, e),
+    }
+}
+
+impl ObjectStore for FetcherObjects {
+    fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {
+        let s = self.store(bucket, key)?;
+        let bytes = self.block_on(bucket, key, get_bytes(&*s, key, &self.cfg))?;
+        Ok(bytes.to_vec())
+    }
+
+    fn put(&self, bucket: &str, key: &str, data: &[u8]) -> Result<(), StoreError> {
+        // Both backends refuse a missing bucket (NotFound), as σOS does.
+        let s = self.store(bucket, key)?;
+        let data = bytes::Bytes::copy_from_slice(data);
+        self.block_on(bucket, key, s.put(key, data))
+    }
+
+    /// The fetcher's stores report sizes only: mtime is the epoch.
+    fn stat(&self, bucket: &str, key: &str) -> Result<ObjectMeta, StoreError> {
+        let s = self.store(bucket, key)?;
+        match self.block_on(bucket, key, s.head(key))? {
+            Some(len) => Ok(ObjectMeta {
+                len,
+                mtime: SystemTime::UNIX_EPOCH,
+            }),
+            None => Err(StoreError::NotFound {
+                bucket: bucket.to_owned(),
+                key: key.to_owned(),
+            }),
+        }
+    }
+
+    fn remove(&self, bucket: &str, key: &str) -> Result<(), StoreError> {
+        // Deleting an absent object succeeds in S3; σOS reports it not found.
+        self.stat(bucket, key)?;
+        let s = self.store(bucket, key)?;
+        self.block_on(bucket, key, s.delete(key))
+    }
+
+    fn list(&self, bucket: &str, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let s = self.store(bucket, prefix)?;
+        self.block_on(bucket, prefix, s.list(prefix))
+    }
+
+    fn has_bucket(&self, bucket: &str) -> Result<bool, StoreError> {
+        if let S3Backend::Dir(root) = &self.backend {
+            Self::check_bucket(bucket)?;
+            return Ok(root.join(bucket).is_dir());
+        }
+        // A listing under a prefix no object has: cheap, and NoSuchBucket if there is none.
+        let s = self.store(bucket, "")?;
+        match self.block_on(bucket, "", s.list(".sigma-bucket-probe/")) {
+            Ok(_) => Ok(true),
+            Err(StoreError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sigma_mode_parses() {
+        assert_eq!(SigmaMode::parse("embedded"), Ok(SigmaMode::Embedded));
+        assert_eq!(SigmaMode::parse("off"), Ok(SigmaMode::Off));
+        assert_eq!(
+            SigmaMode::parse("/tmp/s.sock"),
+            Ok(SigmaMode::Socket("/tmp/s.sock".into()))
+        );
+        assert!(SigmaMode::parse("").is_err());
+    }
+
+    #[test]
+    fn s3_backend_parses() {
+        assert_eq!(S3Backend::parse("s3"), Ok(S3Backend::Aws));
+        assert_eq!(
+            S3Backend::parse("file:///srv/b"),
+            Ok(S3Backend::Dir("/srv/b".into()))
+        );
+        assert!(S3Backend::parse("file://rel").is_err());
+        assert!(S3Backend::parse("http://x").is_err());
+    }
+
+    #[test]
+    fn exited_line_escapes_the_message() {
+        assert_eq!(
+            exited_line(1, "Exited normally!"),
+            "proc exited: status 1 (OK) \"Exited normally!\""
+        );
+        assert_eq!(
+            exited_line(3, "bad\n\"x\""),
+            "proc exited: status 3 (ERR) \"bad\\n\\\"x\\\"\""
+        );
+        assert_eq!(exited_line(9, ""), "proc exited: status 9 (unknown) \"\"");
+    }
+
+    /// The adapter over the fetcher's local backend: buckets are directories under the root.
+    #[test]
+    fn fetcher_objects_over_a_local_root() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("b")).unwrap();
+        let s = FetcherObjects::new(S3Backend::Dir(d.path().to_owned()));
+        assert!(s.has_bucket("b").unwrap());
+        assert!(!s.has_bucket("nob").unwrap());
+        s.put("b", "dir/k", b"v1").unwrap();
+        s.put("b", "dir/k", b"value2").unwrap();
+        assert_eq!(std::fs::read(d.path().join("b/dir/k")).unwrap(), b"value2");
+        assert_eq!(s.get("b", "dir/k").unwrap(), b"value2");
+        assert_eq!(s.stat("b", "dir/k").unwrap().len, 6);
+        assert_eq!(s.list("b", "").unwrap(), ["dir/k"]);
+        assert!(s.list("b", "x").unwrap().is_empty());
+        s.rename("b", "dir/k", "k2").unwrap();
+        assert!(matches!(
+            s.get("b", "dir/k"),
+            Err(StoreError::NotFound { .. })
+        ));
+        assert_eq!(s.get("b", "k2").unwrap(), b"value2");
+        s.remove("b", "k2").unwrap();
+        assert!(matches!(
+            s.remove("b", "k2"),
+            Err(StoreError::NotFound { .. })
+        ));
+        assert!(matches!(
+            s.put("nob", "k", b"x"),
+            Err(StoreError::NotFound { .. })
+        ));
+        assert!(!d.path().join("nob").exists());
+        assert!(matches!(
+            s.get("..", "k"),
+            Err(StoreError::InvalidKey { .. })
+        ));
+        assert!(s.get("b", "../../etc/passwd").is_err());
+    }
+}
