@@ -198,9 +198,9 @@ fn hostile_syscalls_fail_with_eperm() {
 #[test]
 fn denied_syscall_logged_once_per_name() {
     let o =
-        py("import os\nfor _ in range(5):\n try: os.getppid()\n except OSError: pass\nprint('ok')");
+        py("import os\nfor _ in range(5):\n try: os.kill(os.getpid(), 0)\n except OSError: pass\nprint('ok')");
     assert_eq!(stdout(&o), "ok\n");
-    assert_eq!(stderr(&o).matches("denied getppid (pid ").count(), 1);
+    assert_eq!(stderr(&o).matches("denied kill (pid ").count(), 1);
 }
 
 #[test]
@@ -386,7 +386,7 @@ fn trace_lines_have_pid_syscall_path_decision_micros() {
     let o = run(sup().arg(format!("--trace={}", file.display())).args([
         "python3",
         "-c",
-        "import json, os\ntry: os.getppid()\nexcept OSError: pass",
+        "import json, os\ntry: os.kill(os.getpid(), 0)\nexcept OSError: pass",
     ]));
     assert_eq!(o.status.code(), Some(0));
     let text = std::fs::read_to_string(&file).unwrap();
@@ -401,7 +401,7 @@ fn trace_lines_have_pid_syscall_path_decision_micros() {
             assert_eq!(f[3], "continue");
             saw_json = true;
         }
-        if f[1] == "getppid" {
+        if f[1] == "kill" {
             assert_eq!((f[2], f[3]), ("-", "refused(EPERM)"));
             saw_refused = true;
         }
@@ -479,7 +479,7 @@ if os.fork() == 0:
     if os.fork() == 0:
         threading.Event().wait(0.5)  # time.sleep needs clock_nanosleep, outside the allow-list
         import decimal  # still notified after its parent died
-        try: os.getppid()
+        try: os.kill(os.getpid(), 0)
         except OSError: pass
         open("{0}", "w").write("done")
         os._exit(0)
@@ -493,7 +493,7 @@ print("parent exits")
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(stdout(&o), "parent exits\n");
     assert_eq!(std::fs::read_to_string(&marker).unwrap(), "done");
-    assert!(stderr(&o).contains("denied getppid"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("denied kill"), "{}", stderr(&o));
 }
 
 #[test]
@@ -513,14 +513,19 @@ fn script_in_a_served_dir_runs_and_imports_its_siblings() {
 
 #[test]
 fn without_path_rules_path_calls_are_not_notified_but_denials_still_are() {
-    let o = run(sup().args(["--stats", "python3", "-c", "import json, os\nos.getppid()"]));
+    let o = run(sup().args([
+        "--stats",
+        "python3",
+        "-c",
+        "import json, os\ntry: os.kill(os.getpid(), 0)\nexcept OSError: pass",
+    ]));
     assert_eq!(o.status.code(), Some(0));
     let err = stderr(&o);
     assert!(
         err.contains("sigma-supervise stats: 1 notifications"),
         "{err}"
     );
-    assert!(err.contains("  getppid refused 1"), "{err}");
+    assert!(err.contains("  kill refused 1"), "{err}");
     // A serve rule brings the path calls back to the supervisor.
     let dir = tempfile::tempdir().unwrap();
     let serve = format!("/sigma/x={}", dir.path().display());
