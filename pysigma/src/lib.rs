@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyMemoryView, PyString};
+use pyo3::types::{PyByteArray, PyBytes, PyMemoryView, PySlice, PyString};
 
 use errors::call;
 use types::{Qid, Stat};
@@ -62,7 +63,7 @@ impl<'py> FromPyObject<'_, 'py> for Data<'py> {
         }
         match PyMemoryView::from(&obj) {
             Ok(mv) => {
-                let b = mv.call_method0("tobytes")?;
+                let b = mv.call_method0(intern!(obj.py(), "tobytes"))?;
                 let b = b.cast_into::<PyBytes>()?;
                 Ok(Data::Bytes(b))
             }
@@ -74,32 +75,62 @@ impl<'py> FromPyObject<'_, 'py> for Data<'py> {
     }
 }
 
-/// Copies `data` into the start of the writable buffer `buf`; returns how many bytes it copied.
-fn fill_buffer(buf: &Bound<'_, PyAny>, data: &[u8]) -> PyResult<usize> {
-    let py = buf.py();
-    let mv = PyMemoryView::from(buf)?;
-    if mv.getattr("readonly")?.is_truthy()? {
-        return Err(PyTypeError::new_err("readinto() needs a writable buffer"));
-    }
-    let mv = mv.call_method1("cast", ("B",))?;
-    let n = data.len().min(mv.len()?);
-    let slice = pyo3::types::PySlice::new(py, 0, n as isize, 1);
-    mv.set_item(slice, PyBytes::new(py, &data[..n]))?;
-    Ok(n)
+/// Where `readinto` puts the data: a `bytearray` directly (its length is the size; no memoryview
+/// is made), or any other writable buffer through a byte-format memoryview over it.
+enum Sink<'py> {
+    ByteArray(Bound<'py, PyByteArray>),
+    View(Bound<'py, PyAny>),
 }
 
-/// Size of the writable buffer `buf` in bytes.
-fn buffer_len(buf: &Bound<'_, PyAny>) -> PyResult<u64> {
-    let mv = PyMemoryView::from(buf).map_err(|_| {
-        PyTypeError::new_err(format!(
-            "expected a writable bytes-like object, not '{}'",
-            buf.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        ))
-    })?;
-    mv.getattr("nbytes")?.extract::<u64>()
+impl<'py> Sink<'py> {
+    /// Checks `buf` before anything is read: it must be a writable, C-contiguous buffer.
+    fn new(buf: &Bound<'py, PyAny>) -> PyResult<Self> {
+        // Exactly bytearray: a subclass may override __setitem__, so it goes through its buffer.
+        if let Ok(ba) = buf.cast_exact::<PyByteArray>() {
+            return Ok(Sink::ByteArray(ba.clone()));
+        }
+        let py = buf.py();
+        let mv = PyMemoryView::from(buf).map_err(|_| {
+            PyTypeError::new_err(format!(
+                "expected a writable bytes-like object, not '{}'",
+                buf.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ))
+        })?;
+        if mv.getattr(intern!(py, "readonly"))?.is_truthy()? {
+            return Err(PyTypeError::new_err("readinto() needs a writable buffer"));
+        }
+        let flat = mv.call_method1(intern!(py, "cast"), (intern!(py, "B"),))?;
+        Ok(Sink::View(flat))
+    }
+
+    /// The buffer's size in bytes.
+    fn len(&self) -> PyResult<usize> {
+        match self {
+            Sink::ByteArray(ba) => Ok(ba.len()),
+            Sink::View(mv) => mv.len(),
+        }
+    }
+
+    /// Copies `data` into the start of the buffer; returns how many bytes it copied.
+    fn fill(&self, data: &[u8]) -> PyResult<usize> {
+        // The length is read again: another thread may have resized a bytearray meanwhile.
+        let n = data.len().min(self.len()?);
+        if n == 0 {
+            return Ok(0);
+        }
+        let target = match self {
+            Sink::ByteArray(ba) => ba.as_any(),
+            Sink::View(mv) => mv,
+        };
+        let py = target.py();
+        // Slice assignment of an equal-length bytes object is one memcpy into the buffer.
+        let slice = PySlice::new(py, 0, n as isize, 1);
+        target.set_item(slice, PyBytes::new(py, &data[..n]))?;
+        Ok(n)
+    }
 }
 
 impl Client {
@@ -281,13 +312,14 @@ impl Client {
     /// Reads into the writable buffer `buf` at the fd's offset (or at `off`); returns the count.
     #[pyo3(signature = (fd, buf, off = None))]
     fn readinto_fd(&self, fd: u32, buf: &Bound<'_, PyAny>, off: Option<u64>) -> PyResult<usize> {
-        let size = buffer_len(buf)?;
+        let sink = Sink::new(buf)?;
+        let size = sink.len()? as u64;
         let c = &self.inner;
         let data = call(buf.py(), || match off {
             None => c.read(fd, size),
             Some(off) => c.pread(fd, size, off),
         })?;
-        fill_buffer(buf, &data)
+        sink.fill(&data)
     }
 
     /// Writes `data` at the fd's offset; returns the number of bytes written.
@@ -558,6 +590,60 @@ fn rename(py: Python<'_>, src: String, dst: String) -> PyResult<()> {
     with_default!(py, |c| c.rename(py, src, dst))
 }
 
+// The default client's raw fd calls (splib's shapes), one native call each.
+
+/// `Client.create_fd` on the default client.
+#[pyfunction]
+#[pyo3(signature = (path, perm = 0o777, mode = spproxy::consts::OWRITE), text_signature = "(path, perm=0o777, mode=1)")]
+fn create_fd(py: Python<'_>, path: String, perm: u32, mode: u32) -> PyResult<u32> {
+    with_default!(py, |c| c.create_fd(py, path, perm, mode))
+}
+
+/// `Client.open_fd` on the default client.
+#[pyfunction]
+#[pyo3(signature = (path, mode = spproxy::consts::OREAD, wait = false), text_signature = "(path, mode=0, wait=False)")]
+fn open_fd(py: Python<'_>, path: String, mode: u32, wait: bool) -> PyResult<u32> {
+    with_default!(py, |c| c.open_fd(py, path, mode, wait))
+}
+
+/// `Client.read_fd` on the default client.
+#[pyfunction]
+fn read_fd(py: Python<'_>, fd: u32, size: u64) -> PyResult<Bound<'_, PyBytes>> {
+    with_default!(py, |c| c.read_fd(py, fd, size))
+}
+
+/// `Client.pread_fd` on the default client.
+#[pyfunction]
+fn pread_fd(py: Python<'_>, fd: u32, size: u64, off: u64) -> PyResult<Bound<'_, PyBytes>> {
+    with_default!(py, |c| c.pread_fd(py, fd, size, off))
+}
+
+/// `Client.readinto_fd` on the default client.
+#[pyfunction]
+#[pyo3(signature = (fd, buf, off = None))]
+fn readinto_fd(fd: u32, buf: &Bound<'_, PyAny>, off: Option<u64>) -> PyResult<usize> {
+    let py = buf.py();
+    with_default!(py, |c| c.readinto_fd(fd, buf, off))
+}
+
+/// `Client.write_fd` on the default client.
+#[pyfunction]
+fn write_fd(py: Python<'_>, fd: u32, data: Data<'_>) -> PyResult<u64> {
+    with_default!(py, |c| c.write_fd(py, fd, data))
+}
+
+/// `Client.seek_fd` on the default client.
+#[pyfunction]
+fn seek_fd(py: Python<'_>, fd: u32, off: u64) -> PyResult<()> {
+    with_default!(py, |c| c.seek_fd(py, fd, off))
+}
+
+/// `Client.close_fd` on the default client.
+#[pyfunction]
+fn close_fd(py: Python<'_>, fd: u32) -> PyResult<()> {
+    with_default!(py, |c| c.close_fd(py, fd))
+}
+
 /// Starts an embedded realm server on `socket_path` in background threads (for tests and
 /// benchmarks): `name/ux/~local/...` is `scratch_dir`, `name/s3/~local/BUCKET/...` is `s3_dir`.
 #[pyfunction]
@@ -595,6 +681,14 @@ fn _pysigma(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(put_file, m)?)?;
     m.add_function(wrap_pyfunction!(remove, m)?)?;
     m.add_function(wrap_pyfunction!(rename, m)?)?;
+    m.add_function(wrap_pyfunction!(create_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(open_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(read_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(pread_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(readinto_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(write_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(seek_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(close_fd, m)?)?;
     m.add_function(wrap_pyfunction!(_serve_local, m)?)?;
     Ok(())
 }

@@ -2,7 +2,9 @@
 
 Module-level calls use a default client made on first use from the proc's environment
 (``SIGMA_SPPROXY_FD``, else ``SIGMA_SPPROXY_SOCKET`` or ``/tmp/spproxyd/spproxyd.sock``, with
-``SIGMACONFIG``'s ProcEnv); ``connect()`` makes one explicitly.
+``SIGMACONFIG``'s ProcEnv); ``connect()`` makes one explicitly. The raw fd calls
+(``create_fd``, ``open_fd``, ``readinto_fd``, ``write_fd``, ...) work on integer fds of the default
+client, like the ``Client`` methods of the same names.
 
     import pysigma
 
@@ -69,17 +71,25 @@ from ._pysigma import (
     Stat,
     client,
     clnt_id,
+    close_fd,
     connect,
     create,
+    create_fd,
     disconnect,
     exited,
     get_file,
     open,
+    open_fd,
+    pread_fd,
     put_file,
+    read_fd,
+    readinto_fd,
     remove,
     rename,
+    seek_fd,
     started,
     stat,
+    write_fd,
 )
 
 __all__ = [
@@ -135,15 +145,23 @@ __all__ = [
     "Stat",
     "client",
     "clnt_id",
+    "close_fd",
     "connect",
     "create",
+    "create_fd",
     "disconnect",
     "exited",
     "get_file",
     "open",
+    "open_fd",
+    "pread_fd",
     "put_file",
+    "read_fd",
+    "readinto_fd",
     "remove",
     "rename",
+    "seek_fd",
     "started",
     "stat",
+    "write_fd",
 ]

@@ -92,17 +92,25 @@ __all__ = [
     "_serve_local",
     "client",
     "clnt_id",
+    "close_fd",
     "connect",
     "create",
+    "create_fd",
     "disconnect",
     "exited",
     "get_file",
     "open",
+    "open_fd",
+    "pread_fd",
     "put_file",
+    "read_fd",
+    "readinto_fd",
     "remove",
     "rename",
+    "seek_fd",
     "started",
     "stat",
+    "write_fd",
 ]
 
 OREAD: int
@@ -308,6 +316,14 @@ def put_file(
 ) -> int: ...
 def remove(path: str) -> None: ...
 def rename(src: str, dst: str) -> None: ...
+def create_fd(path: str, perm: int = 0o777, mode: int = 1) -> int: ...
+def open_fd(path: str, mode: int = 0, wait: bool = False) -> int: ...
+def read_fd(fd: int, size: int) -> bytes: ...
+def pread_fd(fd: int, size: int, off: int) -> bytes: ...
+def readinto_fd(fd: int, buf: Buffer, off: Optional[int] = None) -> int: ...
+def write_fd(fd: int, data: _BytesLike) -> int: ...
+def seek_fd(fd: int, off: int) -> None: ...
+def close_fd(fd: int) -> None: ...
 @final
 class _LocalServer:
     @property
