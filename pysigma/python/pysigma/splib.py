@@ -40,11 +40,15 @@ __all__ = [
 
 _Data = Union[str, bytes, bytearray, memoryview]
 
+# Calls whose names, parameters and defaults already match σPy's are the native functions
+# themselves (no Python frame in between); the rest are one-line wrappers around one native call
+# each. The σOS calls use the default client, made on first use.
 
-def _bytes(data: _Data) -> Union[bytes, bytearray, memoryview]:
-    if isinstance(data, str):
-        return data.encode("utf-8")
-    return data
+Started = _pysigma.started
+Exited = _pysigma.exited  # Exited(status=STATUS_OK, msg="")
+ClntID = _pysigma.clnt_id
+Rename = _pysigma.rename  # Rename(src, dst)
+CloseFD = _pysigma.close_fd  # CloseFD(fd)
 
 
 def InitSocket() -> None:
@@ -52,50 +56,35 @@ def InitSocket() -> None:
     _pysigma.client()
 
 
-def Started() -> None:
-    _pysigma.started()
-
-
-def Exited(status: int = _pysigma.STATUS_OK, msg: str = "") -> None:
-    _pysigma.exited(status, msg)
-
-
-def ClntID() -> int:
-    return _pysigma.clnt_id()
-
-
 def Stat(pathname: str) -> _pysigma.Stat:
     return _pysigma.stat(pathname)
 
 
 def Create(pathname: str, perm: int, mode: int) -> int:
-    return _pysigma.client().create_fd(pathname, perm, mode)
+    return _pysigma.create_fd(pathname, perm, mode)
 
 
 def Open(pathname: str, mode: int, wait: bool = False) -> int:
-    return _pysigma.client().open_fd(pathname, mode, bool(wait))
+    return _pysigma.open_fd(pathname, mode, bool(wait))
 
 
 def Read(fd: int, b: Buffer) -> int:
     """Reads into the writable buffer ``b`` (as much as it holds); returns the count."""
-    return _pysigma.client().readinto_fd(fd, b)
+    return _pysigma.readinto_fd(fd, b)
 
 
 def Pread(fd: int, b: Buffer, offset: int) -> int:
     """Reads into ``b`` at ``offset`` without moving the fd's offset; returns the count."""
-    return _pysigma.client().readinto_fd(fd, b, offset)
+    return _pysigma.readinto_fd(fd, b, offset)
 
 
 def Write(fd: int, b: _Data) -> int:
-    return _pysigma.client().write_fd(fd, _bytes(b))
+    # str is sent as UTF-8 (inline rather than a helper: this is a per-call path).
+    return _pysigma.write_fd(fd, b.encode() if isinstance(b, str) else b)
 
 
 def Seek(fd: int, offset: int) -> None:
-    _pysigma.client().seek_fd(fd, offset)
-
-
-def CloseFD(fd: int) -> None:
-    _pysigma.client().close_fd(fd)
+    _pysigma.seek_fd(fd, offset)
 
 
 def GetFile(pathname: str) -> bytes:
@@ -104,15 +93,12 @@ def GetFile(pathname: str) -> bytes:
 
 def PutFile(pathname: str, perm: int, mode: int, data: _Data, offset: int = 0,
             leaseID: int = _pysigma.NO_LEASE_ID) -> int:
-    return _pysigma.put_file(pathname, _bytes(data), perm, mode, offset, leaseID)
+    return _pysigma.put_file(pathname, data.encode() if isinstance(data, str) else data, perm,
+                             mode, offset, leaseID)
 
 
 def Remove(pathname: str) -> None:
     _pysigma.remove(pathname)
-
-
-def Rename(src: str, dst: str) -> None:
-    _pysigma.rename(src, dst)
 
 
 # σPy's earliest examples (pyproc/hello.py) spell these in lower case.
