@@ -21,7 +21,7 @@ pub fn main(args: &PublishArgs) -> ExitCode {
     match rt.block_on(run_publish(args, &FetchConfig::default())) {
         Ok(reports) => {
             for r in reports {
-                print!("{r}");
+                println!("{r}");
             }
             ExitCode::SUCCESS
         }
