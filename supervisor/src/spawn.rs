@@ -162,7 +162,10 @@ pub fn prepare(
         .iter()
         .map(|a| cstring(a))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    // The supervisor's cloud credentials are its own: the target reaches S3 only through the
+    // realm server (`name/s3/...`) and the fetcher, never with the keys themselves.
     let envp = std::env::vars_os()
+        .filter(|(k, _)| !k.as_bytes().starts_with(b"AWS_"))
         .map(|(k, v)| {
             let mut kv = k.into_vec();
             kv.push(b'=');

@@ -564,3 +564,18 @@ os._exit(5)
         stderr(&o)
     );
 }
+
+#[test]
+fn cloud_credentials_do_not_reach_the_target() {
+    let o = run(sup()
+        .env("AWS_SECRET_ACCESS_KEY", "supervisor-only")
+        .env("AWS_ACCESS_KEY_ID", "supervisor-only")
+        .env("SIGMA_TEST_KEEP", "kept")
+        .args([
+            "python3",
+            "-c",
+            "import os; print(sorted(k for k in os.environ if k.startswith('AWS_')), os.environ.get('SIGMA_TEST_KEEP'))",
+        ]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "[] kept\n");
+}
