@@ -3,25 +3,13 @@
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 const SUP: &str = env!("CARGO_BIN_EXE_sigma-supervise");
 const HOSTILE: &str = env!("CARGO_BIN_EXE_sigma-hostile-probe");
 const TOCTOU: &str = env!("CARGO_BIN_EXE_sigma-toctou-probe");
 
-/// The real interpreter behind `python3` (pyenv's shim is a bash script, and bash needs
-/// getpgrp/getppid, which the σOS allow-list refuses).
-fn python() -> &'static Path {
-    static PY: OnceLock<PathBuf> = OnceLock::new();
-    PY.get_or_init(|| {
-        let out = Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .output()
-            .expect("python3 must be installed for the end-to-end tests");
-        assert!(out.status.success(), "python3 does not run");
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
-}
+mod interp;
+use interp::python;
 
 /// `sigma-supervise` with PATH starting at the real interpreter's directory, so `python3`
 /// resolves through the supervisor's own PATH lookup.

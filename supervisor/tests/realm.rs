@@ -5,7 +5,6 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 // The fetcher's MinIO/wheel/package harness, shared rather than copied (it names the crate
@@ -17,19 +16,8 @@ mod common;
 const SUP: &str = env!("CARGO_BIN_EXE_sigma-supervise");
 const PREFIX: &str = "/sigma/lib";
 
-/// The real interpreter behind `python3` (pyenv's shim is a bash script, and bash needs
-/// calls the σOS allow-list refuses). Same rule as `tests/e2e.rs`.
-fn python() -> &'static Path {
-    static PY: OnceLock<PathBuf> = OnceLock::new();
-    PY.get_or_init(|| {
-        let out = Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .output()
-            .expect("python3 must be installed for the end-to-end tests");
-        assert!(out.status.success(), "python3 does not run");
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
-}
+mod interp;
+use interp::python;
 
 /// `sigma-supervise` with the real interpreter first on PATH.
 fn sup() -> Command {

@@ -1,0 +1,18 @@
+//! The interpreter the end-to-end tests run under the supervisor.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The real interpreter behind `python3`. On pyenv machines `python3` is a bash shim; the tests
+/// measure and trace the interpreter itself, so they put its directory first on PATH.
+pub fn python() -> &'static Path {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 must be installed for the end-to-end tests");
+        assert!(out.status.success(), "python3 does not run");
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
