@@ -114,8 +114,9 @@ fn continue_errno_value_child(io: &ChildIo) -> i32 {
     if r != -1 || errno() != libc::EPERM {
         return 4;
     }
-    // SAFETY: getpgid(0) is our own group; allowed by the filter.
-    if unsafe { libc::getpgid(0) } <= 0 {
+    // SAFETY: getpgid(0) is our own group; allowed by the filter. Group and session may be 0
+    // (a process started by the kernel without setsid), so the parent compares the values.
+    if !io.send_u64(unsafe { libc::getpgid(0) } as u64) {
         return 5;
     }
     // SAFETY: getsid with integer arguments: 0x4242 & 0xff00 == 0x4200 → EPERM; 0x7f00_1142 (above pid_max) and 0
@@ -127,7 +128,7 @@ fn continue_errno_value_child(io: &ChildIo) -> i32 {
         if libc::getsid(0x7f00_1142) != -1 || errno() != libc::ESRCH {
             return 7;
         }
-        if libc::getsid(0) <= 0 {
+        if !io.send_u64(libc::getsid(0) as u64) {
             return 8;
         }
     }
@@ -171,6 +172,18 @@ fn continue_errno_and_value_reach_the_child() {
     l.respond(n.id, Response::Value(4242)).unwrap();
     let n = l.recv().unwrap();
     l.respond(n.id, Response::Errno(libc::EACCES)).unwrap();
+    // The child inherits our group and session; allowed calls return them unchanged.
+    let ours = |v: i32| Some(v as i64 as u64);
+    assert_eq!(
+        child.recv_u64(),
+        ours(nix::unistd::getpgid(None).unwrap().as_raw()),
+        "getpgid(0)"
+    );
+    assert_eq!(
+        child.recv_u64(),
+        ours(nix::unistd::getsid(None).unwrap().as_raw()),
+        "getsid(0)"
+    );
     child.assert_success();
 }
 
