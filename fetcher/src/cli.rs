@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use crate::publish::{publish, PublishReport, PublishSource};
+use crate::publish::{publish_with, PublishOptions, PublishReport, PublishSource};
 use crate::store::{open_store, StoreOptions};
 use crate::{FetchConfig, FetchError, Result};
 
@@ -20,9 +20,14 @@ pub struct PublishArgs {
     /// A requirements file: resolve with `pip download --only-binary=:all:` and publish the wheels.
     #[arg(short = 'r', long = "requirement")]
     pub requirements: Vec<PathBuf>,
-    /// Python interpreter whose pip (and platform tags) to use with -r.
+    /// Python interpreter of the procs: its pip (and platform tags) resolve -r, and it
+    /// byte-compiles every module so the bucket ships its `.pyc` files [default: python3; if
+    /// that is missing, sources only, said in the report].
     #[arg(long)]
     pub python: Option<PathBuf>,
+    /// Ship sources only (the procs' interpreter then compiles each cold import in memory).
+    #[arg(long)]
+    pub no_compile: bool,
     /// Wheels (files or directories of them) and package directories.
     pub paths: Vec<PathBuf>,
 }
@@ -49,6 +54,18 @@ impl PublishArgs {
         }
         Ok(out)
     }
+
+    /// The bytecode options the command line asks for.
+    pub fn options(&self) -> PublishOptions {
+        PublishOptions {
+            compile_with: (!self.no_compile).then(|| {
+                self.python
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from("python3"))
+            }),
+            compile_required: self.python.is_some(),
+        }
+    }
 }
 
 /// Run `publish` as the command line asks (one report per source, in order).
@@ -57,7 +74,7 @@ pub async fn run_publish(args: &PublishArgs, cfg: &FetchConfig) -> Result<Vec<Pu
     let store = open_store(&args.bucket, &StoreOptions::default(), cfg).await?;
     let mut reports = Vec::new();
     for s in &sources {
-        reports.push(publish(store.as_ref(), s, cfg).await?);
+        reports.push(publish_with(store.as_ref(), s, cfg, &args.options()).await?);
     }
     Ok(reports)
 }

@@ -59,6 +59,10 @@ pub struct Package {
     pub archive: Archive,
     /// Every file, sorted by path.
     pub files: Vec<FileEntry>,
+    /// Cache tag (`cpython-311`) of the `__pycache__/*.pyc` files shipped among `files`:
+    /// unchecked-hash bytecode compiled at publish time, so a cold import runs no compiler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytecode: Option<String>,
 }
 
 impl Package {
@@ -385,6 +389,7 @@ pub(crate) mod tests {
                 size: 1,
                 encoding: Encoding::TarZstd,
             },
+            bytecode: None,
             files: files
                 .iter()
                 .map(|p| FileEntry {

@@ -20,9 +20,9 @@ mod retry;
 pub mod store;
 mod wheel;
 
-pub use cache::{default_cache_root, CacheStats, EnsureOutcome, RealmCache};
+pub use cache::{default_cache_root, realm_complete, CacheStats, EnsureOutcome, RealmCache};
 pub use config::FetchConfig;
 pub use error::{FetchError, Result};
 pub use index::Index;
-pub use publish::{publish, PublishReport, PublishSource};
+pub use publish::{publish, publish_with, PublishOptions, PublishReport, PublishSource};
 pub use store::{open_store, Store, StoreOptions};

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
+use crate::error::IoContext;
 use crate::index::{Archive, Encoding, FileEntry, Index, Package, INDEX_KEY, PKG_PREFIX};
 use crate::store::{get_bytes, Store};
 use crate::wheel::{read_package_dir, read_wheel, Distribution};
@@ -63,6 +64,19 @@ impl PublishSource {
     }
 }
 
+/// How [`publish_with`] builds archives.
+#[derive(Debug, Clone, Default)]
+pub struct PublishOptions {
+    /// Interpreter that byte-compiles every module at publish time: unchecked-hash `.pyc` files
+    /// for its cache tag go into the archive and the index, so a cold import in a realm reads
+    /// bytecode instead of compiling (the target cannot write `__pycache__` in its lib dir).
+    /// `None`: sources only.
+    pub compile_with: Option<PathBuf>,
+    /// With `compile_with`: a failure to run the interpreter fails the publish (true) or
+    /// publishes sources only and says so in the report (false: the default `python3`).
+    pub compile_required: bool,
+}
+
 /// One published distribution.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishedPackage {
@@ -77,6 +91,8 @@ pub struct PublishedPackage {
     pub uploaded: bool,
     /// Version it replaced in the index, if any.
     pub replaced: Option<String>,
+    /// Cache tag of the shipped bytecode, if any.
+    pub bytecode: Option<String>,
 }
 
 /// What [`publish`] did.
@@ -88,6 +104,8 @@ pub struct PublishReport {
     pub uploaded_bytes: u64,
     /// Distributions in the index after publishing.
     pub index_packages: usize,
+    /// Why no bytecode was shipped, when compiling was asked for but not possible.
+    pub bytecode_skipped: Option<String>,
 }
 
 impl fmt::Display for PublishReport {
@@ -95,10 +113,14 @@ impl fmt::Display for PublishReport {
         for p in &self.packages {
             writeln!(
                 f,
-                "{} {}: {} files, {} bytes -> {} ({} bytes{}){}",
+                "{} {}: {} files{}, {} bytes -> {} ({} bytes{}){}",
                 p.name,
                 p.version,
                 p.files,
+                p.bytecode
+                    .as_ref()
+                    .map(|t| format!(" (bytecode {t})"))
+                    .unwrap_or_default(),
                 p.unpacked_bytes,
                 p.archive_key,
                 p.archive_bytes,
@@ -108,6 +130,9 @@ impl fmt::Display for PublishReport {
                     .map(|v| format!(", replaces {v}"))
                     .unwrap_or_default()
             )?;
+        }
+        if let Some(why) = &self.bytecode_skipped {
+            writeln!(f, "no bytecode shipped: {why}")?;
         }
         write!(
             f,
@@ -181,9 +206,96 @@ fn wheels_in(dir: &Path) -> Result<Vec<Distribution>> {
     paths.iter().map(|p| read_wheel(p)).collect()
 }
 
+/// Compile every module in the directory given as argv[1]; print the interpreter's cache tag.
+const COMPILE_SCRIPT: &str = "import compileall, py_compile, sys\n\
+compileall.compile_dir(sys.argv[1], quiet=2, workers=0, \
+invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n\
+print(sys.implementation.cache_tag)\n";
+
+/// True for paths in a distribution's metadata (`*.dist-info/`, `*.data/`), never imported.
+fn is_metadata(path: &str) -> bool {
+    let first = path.split('/').next().unwrap_or(path);
+    first.ends_with(".dist-info") || first.ends_with(".data") || first.ends_with(".egg-info")
+}
+
+/// Byte-compile the distribution's modules with `python` (unchecked-hash, as the interpreter
+/// would write them) and add the `.pyc` files next to the sources. Modules that do not compile
+/// for this interpreter (templates, other versions' syntax) are left as sources, as pip does.
+/// Returns the cache tag, or `None` if the distribution has no modules.
+fn add_bytecode(dist: &mut Distribution, python: &Path) -> Result<Option<String>> {
+    let sources: Vec<String> = dist
+        .files
+        .keys()
+        .filter(|p| p.ends_with(".py") && !is_metadata(p))
+        .cloned()
+        .collect();
+    if sources.is_empty() {
+        return Ok(None);
+    }
+    let tmp = tempfile::tempdir().map_err(|e| FetchError::io("create temp dir", "/tmp", e))?;
+    for p in &sources {
+        let dst = tmp.path().join(p);
+        if let Some(dir) = dst.parent() {
+            std::fs::create_dir_all(dir).ctx("create dir", dir)?;
+        }
+        std::fs::write(&dst, &dist.files[p]).ctx("write", &dst)?;
+    }
+    let command = || format!("{} -m compileall", python.display());
+    let out = std::process::Command::new(python)
+        .args(["-I", "-c", COMPILE_SCRIPT])
+        .arg(tmp.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| FetchError::Command {
+            command: command(),
+            cause: e.to_string(),
+        })?;
+    let tag = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let tag_ok = !tag.is_empty()
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !out.status.success() || !tag_ok {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return Err(FetchError::Command {
+            command: command(),
+            cause: format!("{}: {last}", out.status),
+        });
+    }
+    for p in &sources {
+        let (dir, file) = p.rsplit_once('/').map_or(("", p.as_str()), |(d, f)| (d, f));
+        let stem = file.strip_suffix(".py").unwrap_or(file);
+        let rel = if dir.is_empty() {
+            format!("__pycache__/{stem}.{tag}.pyc")
+        } else {
+            format!("{dir}/__pycache__/{stem}.{tag}.pyc")
+        };
+        if dist.files.contains_key(&rel) {
+            continue;
+        }
+        match std::fs::read(tmp.path().join(&rel)) {
+            Ok(data) => {
+                dist.files.insert(rel, data);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(FetchError::io("read", tmp.path().join(&rel), e)),
+        }
+    }
+    Ok(Some(tag))
+}
+
 /// Build the deterministic archive of a distribution: tar (sorted paths, mode 0644, mtime 0)
 /// compressed with zstd. Returns the index entry and the archive bytes.
-pub(crate) fn build_package(dist: &Distribution, encoding: Encoding) -> Result<(Package, Bytes)> {
+pub(crate) fn build_package(
+    dist: &Distribution,
+    encoding: Encoding,
+    bytecode: Option<String>,
+) -> Result<(Package, Bytes)> {
     let mut tar = tar::Builder::new(Vec::new());
     let mut files = Vec::with_capacity(dist.files.len());
     for (path, data) in &dist.files {
@@ -229,6 +341,7 @@ pub(crate) fn build_package(dist: &Distribution, encoding: Encoding) -> Result<(
             encoding,
         },
         files,
+        bytecode,
     };
     Ok((pkg, Bytes::from(bytes)))
 }
@@ -236,7 +349,7 @@ pub(crate) fn build_package(dist: &Distribution, encoding: Encoding) -> Result<(
 /// Verify a wheel against its RECORD and build its package archive (index entry + bytes),
 /// without uploading anything. Used by benchmarks and tools.
 pub fn archive_wheel(path: &Path, encoding: Encoding) -> Result<(Package, Bytes)> {
-    build_package(&read_wheel(path)?, encoding)
+    build_package(&read_wheel(path)?, encoding, None)
 }
 
 /// Read the bucket's index; a missing index is an empty one.
@@ -248,27 +361,49 @@ pub async fn read_index(store: &dyn Store, cfg: &FetchConfig) -> Result<Index> {
     }
 }
 
-/// Publish `source` to `store`: verify, archive, upload the archives, then write the merged
-/// index. Nothing is uploaded if any distribution fails verification or conflicts with a
-/// top-level name of another distribution in the index.
+/// [`publish_with`] without bytecode.
 pub async fn publish(
     store: &dyn Store,
     source: &PublishSource,
     cfg: &FetchConfig,
 ) -> Result<PublishReport> {
-    let src = source.clone();
-    let built = tokio::task::spawn_blocking(move || {
-        distributions(&src)?
-            .iter()
-            .map(|d| build_package(d, Encoding::TarZstd))
-            .collect::<Result<Vec<_>>>()
+    publish_with(store, source, cfg, &PublishOptions::default()).await
+}
+
+/// Publish `source` to `store`: verify, byte-compile (if asked), archive, upload the archives,
+/// then write the merged index. Nothing is uploaded if any distribution fails verification or
+/// conflicts with a top-level name of another distribution in the index.
+pub async fn publish_with(
+    store: &dyn Store,
+    source: &PublishSource,
+    cfg: &FetchConfig,
+    opts: &PublishOptions,
+) -> Result<PublishReport> {
+    // The bucket first: a wrong bucket fails before minutes of building.
+    let mut index = read_index(store, cfg).await?;
+    let (src, opts2) = (source.clone(), opts.clone());
+    let (built, bytecode_skipped) = tokio::task::spawn_blocking(move || {
+        let mut skipped = None;
+        let mut built = Vec::new();
+        for mut d in distributions(&src)? {
+            let mut tag = None;
+            if let (Some(py), None) = (&opts2.compile_with, &skipped) {
+                match add_bytecode(&mut d, py) {
+                    Ok(t) => tag = t,
+                    Err(e) if !opts2.compile_required => skipped = Some(e.to_string()),
+                    Err(e) => return Err(e),
+                }
+            }
+            built.push(build_package(&d, Encoding::TarZstd, tag)?);
+        }
+        Ok::<_, FetchError>((built, skipped))
     })
     .await
     .map_err(|e| FetchError::invalid("publish", e))??;
 
-    let mut index = read_index(store, cfg).await?;
     let mut report = PublishReport {
         bucket: store.name().to_owned(),
+        bytecode_skipped,
         ..PublishReport::default()
     };
     let mut replaced = Vec::new();
@@ -295,6 +430,7 @@ pub async fn publish(
             archive_bytes: pkg.archive.size,
             uploaded: !present,
             replaced,
+            bytecode: pkg.bytecode.clone(),
         });
     }
     let json = index.to_json();

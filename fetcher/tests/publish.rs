@@ -236,25 +236,78 @@ async fn cli_publishes_requirements_wheels_and_dirs_to_a_file_bucket() {
         bucket: format!("file://{}", bucket.display()),
         requirements: vec![req],
         python: None,
-        paths: vec![pkg],
+        no_compile: false,
+        paths: vec![pkg.clone()],
     };
     let reports = run_publish(&args, &FetchConfig::default()).await.unwrap();
     assert_eq!(reports.len(), 2);
     assert_eq!(reports[0].packages[0].name, "six");
     assert_eq!(reports[1].index_packages, 2);
+    // The default python3 byte-compiled both: its tag is in the report and the index.
+    let tag = python_cache_tag();
+    assert_eq!(
+        reports[0].packages[0].bytecode.as_deref(),
+        Some(tag.as_str())
+    );
+    assert_eq!(
+        reports[1].packages[0].bytecode.as_deref(),
+        Some(tag.as_str())
+    );
     let store: Arc<dyn Store> = Arc::new(LocalStore::new(&bucket));
     let cache = RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
-    assert!(cache.ensure("gamma.sub.mod").await.unwrap().fetched);
-    assert!(cache.lib_dir().join("six.py").exists() || cache.ensure("six").await.unwrap().fetched);
+    let out = cache.ensure("gamma.sub.mod").await.unwrap();
+    assert!(out.fetched);
+    assert_eq!(out.bytecode.as_deref(), Some(tag.as_str()));
+    let pyc = cache
+        .lib_dir()
+        .join(format!("gamma/sub/__pycache__/mod.{tag}.pyc"));
+    let data = std::fs::read(&pyc).unwrap_or_else(|e| panic!("{}: {e}", pyc.display()));
+    // PEP 552 header: magic, then flags 0b01 (hash-based, source not checked).
+    assert_eq!(u32::from_le_bytes(data[4..8].try_into().unwrap()), 1);
+    cache.ensure("six").await.unwrap();
+    assert!(cache
+        .lib_dir()
+        .join(format!("__pycache__/six.{tag}.pyc"))
+        .is_file());
+
+    // --no-compile ships sources only; an interpreter that cannot run fails the publish.
+    let plain = tmp.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let mut args = PublishArgs {
+        bucket: format!("file://{}", plain.display()),
+        requirements: vec![],
+        python: None,
+        no_compile: true,
+        paths: vec![pkg],
+    };
+    let r = run_publish(&args, &FetchConfig::default()).await.unwrap();
+    assert_eq!(r[0].packages[0].bytecode, None);
+    assert!(!r[0].to_string().contains("bytecode"), "{}", r[0]);
+    args.no_compile = false;
+    args.python = Some(tmp.path().join("no-such-python"));
+    let e = run_publish(&args, &FetchConfig::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no-such-python"), "{e}");
 
     let none = PublishArgs {
         bucket: "file:///x".into(),
         requirements: vec![],
         python: None,
+        no_compile: false,
         paths: vec![],
     };
     let e = run_publish(&none, &FetchConfig::default())
         .await
         .unwrap_err();
     assert!(e.to_string().contains("nothing to publish"), "{e}");
+}
+
+/// `sys.implementation.cache_tag` of the `python3` on PATH.
+fn python_cache_tag() -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.implementation.cache_tag)"])
+        .output()
+        .expect("python3 runs");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
