@@ -168,9 +168,14 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     // A realm's lib dir is one more served dir (see realm.rs), on the target's PYTHONPATH.
     let mut realm = realm::RealmPlan::new(&cli.realm)?;
     let mut serves = cli.serve.clone();
+    // A realm with nothing left to fetch is mounted, not served (see RealmPlan::kernel_served).
+    let mut kernel_served = None;
     if let Some(r) = &mut realm {
         r.compile_with = realm::python_of(&program);
-        serves.push(r.serve_rule());
+        kernel_served = r.kernel_served();
+        if kernel_served.is_none() {
+            serves.push(r.serve_rule());
+        }
         std::env::set_var(
             "PYTHONPATH",
             r.pythonpath(std::env::var_os("PYTHONPATH").as_deref()),
@@ -198,13 +203,19 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
     }
     if let Some(r) = &realm {
+        if kernel_served.is_some() {
+            prepared.bind_read_only(&r.lib, &r.opts.lib_prefix)?;
+        }
         prepared.hide_also(&r.root)?;
     }
     let child = spawn::spawn(prepared)?;
     api.start();
     // Threads (the fetch runtime) only after fork; the child waits for `go`.
     let resolver: Box<dyn serve::Resolver> = match realm {
-        Some(r) => Box::new(r.start()?),
+        Some(r) => match kernel_served {
+            Some(n) => Box::new(r.kernel_served_resolver(n)),
+            None => Box::new(r.start()?),
+        },
         None => Box::new(serve::LocalDirs),
     };
     let status = supervisor::supervise(

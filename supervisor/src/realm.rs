@@ -119,6 +119,40 @@ impl RealmPlan {
         }))
     }
 
+    /// The number of packages if every package of the realm's snapshot is installed and the
+    /// prefix can be a mount point: then nothing is left to decide under the prefix, and the
+    /// realm's lib dir is bind-mounted there read-only for the target, so the kernel answers
+    /// every call (no notification). `None`: serve the prefix through notifications.
+    ///
+    /// The mount point must exist on the host: the prefix is created as an empty directory if
+    /// it is missing (and cannot be, for example without root: then `None`).
+    pub fn kernel_served(&self) -> Option<usize> {
+        let n = match fetcher::realm_complete(&self.root, &self.opts.realm) {
+            Ok(n) => n?,
+            Err(e) => {
+                tracing::debug!(error = %e, "realm state unreadable; serving by notification");
+                return None;
+            }
+        };
+        let prefix = &self.opts.lib_prefix;
+        if !prefix.is_dir() {
+            if let Err(e) = std::fs::create_dir_all(prefix) {
+                tracing::debug!(error = %e, prefix = %prefix.display(), "no mount point");
+                return None;
+            }
+        }
+        Some(n)
+    }
+
+    /// The realm when [`kernel_served`](Self::kernel_served): only its `--stats` line.
+    pub fn kernel_served_resolver(self, packages: usize) -> KernelServed {
+        KernelServed {
+            realm: self.opts.realm,
+            bucket: self.bucket,
+            packages,
+        }
+    }
+
     /// The `--serve` rule for the lib dir.
     pub fn serve_rule(&self) -> String {
         format!("{}={}", self.opts.lib_prefix.display(), self.lib.display())
@@ -181,8 +215,30 @@ impl RealmPlan {
             failed: Mutex::new(HashMap::new()),
             reported,
             inline_hits: AtomicU64::new(0),
+            cache_tag: self.compile_with.as_deref().and_then(cache_tag_of),
             compile_with: self.compile_with,
         })
+    }
+}
+
+/// A complete realm bind-mounted at the prefix: the kernel serves it, nothing reaches here.
+pub struct KernelServed {
+    realm: String,
+    bucket: String,
+    packages: usize,
+}
+
+impl Resolver for KernelServed {
+    fn lookup<'a>(&'a self, _served: &'a Served, _rest: &Path) -> Lookup<'a> {
+        Lookup::Local
+    }
+
+    fn report(&self) -> Option<String> {
+        Some(format!(
+            "sigma-supervise realm {} ({}): all {} packages installed; lib dir mounted \
+             read-only, served by the kernel\n",
+            self.realm, self.bucket, self.packages
+        ))
     }
 }
 
@@ -274,6 +330,18 @@ pub struct RealmResolver {
     reported: Mutex<HashSet<String>>,
     inline_hits: AtomicU64,
     compile_with: Option<PathBuf>,
+    /// `cpython-311` for `python3.11`, when the interpreter's file name tells.
+    cache_tag: Option<String>,
+}
+
+/// The bytecode cache tag of a CPython, from the name its path resolves to (`python3.11` →
+/// `cpython-311`); `None` when the name does not tell (then a package is compiled after install).
+pub fn cache_tag_of(python: &Path) -> Option<String> {
+    let real = std::fs::canonicalize(python).ok()?;
+    let version = real.file_name()?.to_str()?.strip_prefix("python")?;
+    let (major, minor) = version.split_once('.')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(major) && digits(minor)).then(|| format!("cpython-{major}{minor}"))
 }
 
 /// The interpreter to byte-compile with, if PROGRAM is a CPython (`python`, `python3.11`).
@@ -362,7 +430,9 @@ impl Resolver for RealmResolver {
         match self.rt.block_on(self.cache.ensure_path(rest)) {
             Ok(Some(out)) => {
                 tracing::debug!(package = %out.package, fetched = out.fetched, "ensured");
-                if out.installed {
+                // Published bytecode for this interpreter needs no compile.
+                let shipped = out.bytecode.is_some() && out.bytecode == self.cache_tag;
+                if out.installed && !shipped {
                     self.compile(&out.dir);
                 }
                 lock(&self.installed).insert(pkg);
@@ -405,6 +475,22 @@ mod tests {
             is_dir,
             package: "p".into(),
         }
+    }
+
+    #[test]
+    fn cache_tag_follows_links_to_the_versioned_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("python3.12");
+        std::fs::write(&real, "").unwrap();
+        std::os::unix::fs::symlink(&real, tmp.path().join("python3")).unwrap();
+        std::fs::write(tmp.path().join("python"), "").unwrap();
+        std::fs::write(tmp.path().join("python3.x"), "").unwrap();
+        let tag = |n: &str| cache_tag_of(&tmp.path().join(n));
+        assert_eq!(tag("python3").as_deref(), Some("cpython-312"));
+        assert_eq!(tag("python3.12").as_deref(), Some("cpython-312"));
+        assert_eq!(tag("python"), None, "the name does not tell");
+        assert_eq!(tag("python3.x"), None);
+        assert_eq!(tag("missing"), None);
     }
 
     #[test]

@@ -117,6 +117,8 @@ pub struct Prepared {
     envp_ptrs: Vec<*const c_char>,
     filter: CompiledFilter,
     hides: Vec<CString>,
+    /// Read-only bind mounts (source, target), made before the hides.
+    binds: Vec<(CString, CString)>,
     denies: Vec<DenyMount>,
     scratch: Option<Scratch>,
     pin_cpu: Option<usize>,
@@ -213,6 +215,7 @@ pub fn prepare(
         envp_ptrs,
         filter,
         hides,
+        binds: Vec::new(),
         denies,
         scratch,
         pin_cpu,
@@ -227,6 +230,15 @@ impl Prepared {
         self.hides.push(cstring(dir.as_os_str())?);
         Ok(())
     }
+
+    /// Show `src` to the target at `target` (an existing directory), read-only, nosuid, nodev:
+    /// the kernel answers every call under it, nothing is notified. Made before the hides, so
+    /// hiding a directory that contains `src` does not hide the bind.
+    pub fn bind_read_only(&mut self, src: &Path, target: &Path) -> anyhow::Result<()> {
+        self.binds
+            .push((cstring(src.as_os_str())?, cstring(target.as_os_str())?));
+        Ok(())
+    }
 }
 
 /// Child → parent messages on the status pipe: (tag, value), 8 bytes each.
@@ -236,6 +248,7 @@ const STAGES: &[&str] = &[
     "unshare(CLONE_NEWNS)",
     "making / private",
     "hiding a served directory",
+    "bind-mounting a directory read-only",
     "over-mounting a denied path",
     "setting CPU affinity",
     "installing the seccomp filter",
@@ -245,11 +258,12 @@ const STAGES: &[&str] = &[
 const STAGE_UNSHARE: u32 = 1;
 const STAGE_PRIVATE: u32 = 2;
 const STAGE_HIDE: u32 = 3;
-const STAGE_DENY: u32 = 4;
-const STAGE_AFFINITY: u32 = 5;
-const STAGE_FILTER: u32 = 6;
-const STAGE_HANDOFF: u32 = 7;
-pub const STAGE_EXEC: u32 = 8;
+const STAGE_BIND: u32 = 4;
+const STAGE_DENY: u32 = 5;
+const STAGE_AFFINITY: u32 = 6;
+const STAGE_FILTER: u32 = 7;
+const STAGE_HANDOFF: u32 = 8;
+pub const STAGE_EXEC: u32 = 9;
 
 fn send(fd: &OwnedFd, tag: u32, value: i32) {
     let mut msg = [0u8; 8];
@@ -285,6 +299,10 @@ fn describe_stage(p: &Prepared, tag: u32, errno: i32) -> String {
     let what = STAGES.get(stage as usize).copied().unwrap_or("setup");
     let target = match stage {
         STAGE_HIDE => p.hides.get(index).map(|c| c.to_string_lossy().into_owned()),
+        STAGE_BIND => p
+            .binds
+            .get(index)
+            .map(|(_, t)| t.to_string_lossy().into_owned()),
         STAGE_DENY => p
             .denies
             .get(index)
@@ -330,7 +348,7 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
     };
     // A mount namespace only when there is something to hide or over-mount (its setup and
     // teardown cost a little on every run).
-    if !p.hides.is_empty() || !p.denies.is_empty() {
+    if !p.hides.is_empty() || !p.denies.is_empty() || !p.binds.is_empty() {
         if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
             fail(STAGE_UNSHARE, e)
         }
@@ -342,6 +360,31 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
             None::<&CStr>,
         ) {
             fail(STAGE_PRIVATE, e)
+        }
+    }
+    for (i, (src, target)) in p.binds.iter().enumerate() {
+        let r = mount(
+            Some(src.as_c_str()),
+            target.as_c_str(),
+            None::<&CStr>,
+            MsFlags::MS_BIND,
+            None::<&CStr>,
+        )
+        .and_then(|()| {
+            mount(
+                None::<&CStr>,
+                target.as_c_str(),
+                None::<&CStr>,
+                MsFlags::MS_BIND
+                    | MsFlags::MS_REMOUNT
+                    | MsFlags::MS_RDONLY
+                    | MsFlags::MS_NOSUID
+                    | MsFlags::MS_NODEV,
+                None::<&CStr>,
+            )
+        });
+        if let Err(e) = r {
+            fail(stage_tag(STAGE_BIND, i), e)
         }
     }
     for (i, dir) in p.hides.iter().enumerate() {

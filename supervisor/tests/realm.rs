@@ -250,6 +250,52 @@ except FileNotFoundError:
         std::fs::metadata(r.lib().join("demo_a")).unwrap().ino(),
         std::fs::metadata(r2.lib().join("demo_a")).unwrap().ino()
     );
+
+    // Once every package of the realm is installed nothing is left to decide: the lib dir is
+    // mounted read-only at the prefix and the kernel answers, without a single path
+    // notification; the host cache stays hidden and the lib cannot be written.
+    let o = r.py("import demo_b; print(demo_b.NAME)");
+    assert_eq!((o.status.code(), fetched(&o)), (Some(0), 1));
+    assert!(
+        !stderr(&o).contains("served by the kernel"),
+        "{}",
+        stderr(&o)
+    );
+    let o = r.py(&format!(
+        r#"
+import os, demo_a, demo_b
+from demo_b.sub.mod import f
+print(demo_a.NAME, demo_b.NAME, f(), demo_b.__file__)
+print(sorted(os.listdir({PREFIX:?})))
+try:
+    open("{PREFIX}/demo_a/new.py", "w"); print("written")
+except OSError as e:
+    print("refused", e.errno == 30)
+print(os.listdir({root:?}))
+"#,
+        root = cache.display().to_string(),
+    ));
+    assert_eq!(o.status.code(), Some(0));
+    let lines: Vec<_> = stdout(&o).lines().map(String::from).collect();
+    assert_eq!(
+        lines[0],
+        format!("demo_a demo_b 42 {PREFIX}/demo_b/__init__.py")
+    );
+    assert!(lines[1].contains("'demo_a'") && lines[1].contains("'demo_b'"));
+    assert_eq!(lines[2], "refused True", "EROFS");
+    assert_eq!(lines[3], "[]", "the cache root looks empty to the target");
+    let err = stderr(&o);
+    assert!(
+        err.contains("realm r1 (") && err.contains("all 2 packages installed"),
+        "{err}"
+    );
+    for call in ["openat", "newfstatat", "statx"] {
+        assert!(
+            !err.lines().any(|l| l.trim_start().starts_with(call)),
+            "{call} was notified:\n{err}"
+        );
+    }
+    assert!(!r.lib().join("demo_a/new.py").exists());
 }
 
 #[test]
@@ -337,11 +383,22 @@ from purepkg.sub.mod import f
 print(numpy.__file__, int(numpy.arange(10).sum()), purepkg.NAME, f())
 "#;
     let expect = format!("{PREFIX}/numpy/__init__.py 45 purepkg 42\n");
-    // Cold: both packages fetched from MinIO.
-    let o = r.py(code);
-    assert_eq!(o.status.code(), Some(0));
+    // Cold: both packages fetched from MinIO; modules load from the bytecode published with
+    // them (python -v says where each code object came from), nothing is compiled.
+    let o = r.cmd(code).env("PYTHONVERBOSE", "1").output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o), expect);
     assert_eq!(fetched(&o), 2);
+    let err = stderr(&o);
+    for m in [
+        "numpy/__init__",
+        "numpy/_core/multiarray",
+        "purepkg/sub/mod",
+    ] {
+        let (dir, name) = m.rsplit_once('/').unwrap();
+        let from = format!("# code object from '{PREFIX}/{dir}/__pycache__/{name}.cpython-");
+        assert!(err.contains(&from), "{m} not loaded from shipped bytecode");
+    }
 
     // A second realm: no download (shared content), same inode, its own directories.
     let r2 = Realm {
