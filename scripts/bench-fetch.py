@@ -5,8 +5,12 @@
       root each run, from a MinIO on 127.0.0.1 started here
       vs `pip install --no-index --no-deps --target FRESH numpy.whl` + `import numpy` from FRESH
       (target: ratio <= 0.3)
-  (b) warm: the same supervised import with a warm cache root
+  (b) warm: the same supervised import with a warm cache root (every package of the realm
+      installed: the lib dir is mounted, no notifications)
       vs bare `import numpy` from a site-packages-like dir (PYTHONPATH=dir) (target: <= 1.10)
+  (c) warm, served by notification: numpy installed, but the realm's bucket also lists a
+      package never imported (six), so the lib dir stays served through notifications
+      vs the same bare import (no target; reported so the cost of that mode stays visible)
 
     cargo build --release -p sigma-supervise
     python3 scripts/bench-fetch.py [-n 10] [--wheel numpy.whl]
@@ -106,35 +110,46 @@ def main() -> None:
         pydir = str(Path(py).parent)
         aws["PATH"] = pydir + ":" + aws.get("PATH", "")
         run([sup, "publish", "--bucket", "s3://libs", wheel], env=aws)
+        six = next(iter(sorted(glob.glob(str(ci_cache() / "wheels" / "six__*" / "*.whl")))), None)
+        if six:
+            subprocess.run(["curl", "-fsS", "-X", "PUT", "--aws-sigv4", "aws:amz:us-east-1:s3",
+                            "--user", f"{USER}:{PASS}", f"{endpoint}/libs2"], check=True)
+            run([sup, "publish", "--bucket", "s3://libs2", wheel, six], env=aws)
         code = "import numpy; numpy.arange(3).sum()"
 
-        def supervised(cache: Path) -> list[str]:
-            return [sup, "--realm", "bench", "--bucket", "s3://libs", "--cache-dir", str(cache),
+        def supervised(cache: Path, bucket: str = "s3://libs") -> list[str]:
+            return [sup, "--realm", "bench", "--bucket", bucket, "--cache-dir", str(cache),
                     py, "-c", code]
 
-        # (a) cold, fresh cache root / fresh target dir each run.
+        # (a) cold, fresh cache root / fresh target dir each run. Nothing is deleted until the
+        # end: on a filesystem without a journal (ext4 nojournal), creating files right after
+        # thousands were deleted pays for skipping the recently freed inodes, which would charge
+        # one side for the other's cleanup.
         cold_sup, cold_pip = [], []
         for i in range(args.n):
             cache = work / f"cold-cache-{i}"
             cold_sup.append(run(supervised(cache), env=aws))
-            shutil.rmtree(cache, ignore_errors=True)
             tgt = work / f"pip-target-{i}"
             t = run([py, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
                      "--disable-pip-version-check", "--target", str(tgt), wheel])
             t += run([py, "-c", code], env=dict(aws, PYTHONPATH=str(tgt)))
             cold_pip.append(t)
-            if i + 1 < args.n:
-                shutil.rmtree(tgt, ignore_errors=True)
 
         # (b) warm: a warm realm vs bare import from the last pip target (with its .pyc files).
         site = work / f"pip-target-{args.n - 1}"
         warm = work / "warm-cache"
         run(supervised(warm), env=aws)
         run(supervised(warm), env=aws)
-        warm_sup, bare = [], []
+        partial = work / "partial-cache"
+        if six:
+            run(supervised(partial, "s3://libs2"), env=aws)
+            run(supervised(partial, "s3://libs2"), env=aws)
+        warm_sup, bare, notified = [], [], []
         for _ in range(args.n):
             warm_sup.append(run(supervised(warm), env=aws))
             bare.append(run([py, "-c", code], env=dict(aws, PYTHONPATH=str(site))))
+            if six:
+                notified.append(run(supervised(partial, "s3://libs2"), env=aws))
 
         def report(name, a, an, b, bn, target):
             ma, mb = statistics.median(a), statistics.median(b)
@@ -144,6 +159,9 @@ def main() -> None:
         print(f"numpy wheel {Path(wheel).name}, {args.n} alternating pairs each, python {py}")
         report("cold", cold_sup, "supervised fetch+import", cold_pip, "pip install+import", 0.3)
         report("warm", warm_sup, "supervised import", bare, "bare import", 1.10)
+        if six:
+            report("warm, served by notification", notified, "supervised import", bare,
+                   "bare import", "-")
         stats = subprocess.run(supervised(warm)[:1] + ["--stats"] + supervised(warm)[1:],
                                env=aws, capture_output=True, text=True)
         for line in stats.stderr.splitlines():
