@@ -170,15 +170,9 @@ fn distributions(source: &PublishSource) -> Result<Vec<Distribution>> {
                     cause: e.to_string(),
                 })?;
             if !out.status.success() {
-                let err = String::from_utf8_lossy(&out.stderr);
-                let last = err
-                    .lines()
-                    .rev()
-                    .find(|l| !l.trim().is_empty())
-                    .unwrap_or("");
                 return Err(FetchError::Command {
                     command: format!("pip download -r {}", file.display()),
-                    cause: format!("{}: {last}", out.status),
+                    cause: failure(&out),
                 });
             }
             wheels_in(tmp.path())
@@ -187,6 +181,17 @@ fn distributions(source: &PublishSource) -> Result<Vec<Distribution>> {
         PublishSource::Wheels(dir) => wheels_in(dir),
         PublishSource::PackageDir(dir) => read_package_dir(dir),
     }
+}
+
+/// A failed command in one line: its status and the last line it wrote to stderr.
+fn failure(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    format!("{}: {last}", out.status)
 }
 
 fn wheels_in(dir: &Path) -> Result<Vec<Distribution>> {
@@ -256,15 +261,9 @@ fn add_bytecode(dist: &mut Distribution, python: &Path) -> Result<Option<String>
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     if !out.status.success() || !tag_ok {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
         return Err(FetchError::Command {
             command: command(),
-            cause: format!("{}: {last}", out.status),
+            cause: failure(&out),
         });
     }
     for p in &sources {

@@ -338,6 +338,29 @@ impl Child {
     }
 }
 
+/// Bind `src` at `target`, then make that mount read-only, nosuid, nodev (a bind ignores the
+/// flags, so the remount is a second call). Child-safe: two system calls, no allocation.
+fn bind_read_only(src: &CStr, target: &CStr) -> nix::Result<()> {
+    mount(
+        Some(src),
+        target,
+        None::<&CStr>,
+        MsFlags::MS_BIND,
+        None::<&CStr>,
+    )?;
+    mount(
+        None::<&CStr>,
+        target,
+        None::<&CStr>,
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV,
+        None::<&CStr>,
+    )
+}
+
 fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &SigSet) -> ! {
     let _ = old_mask.thread_set_mask();
     sys::default_disposition(Signal::SIGPIPE);
@@ -363,27 +386,7 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
         }
     }
     for (i, (src, target)) in p.binds.iter().enumerate() {
-        let r = mount(
-            Some(src.as_c_str()),
-            target.as_c_str(),
-            None::<&CStr>,
-            MsFlags::MS_BIND,
-            None::<&CStr>,
-        )
-        .and_then(|()| {
-            mount(
-                None::<&CStr>,
-                target.as_c_str(),
-                None::<&CStr>,
-                MsFlags::MS_BIND
-                    | MsFlags::MS_REMOUNT
-                    | MsFlags::MS_RDONLY
-                    | MsFlags::MS_NOSUID
-                    | MsFlags::MS_NODEV,
-                None::<&CStr>,
-            )
-        });
-        if let Err(e) = r {
+        if let Err(e) = bind_read_only(src, target) {
             fail(stage_tag(STAGE_BIND, i), e)
         }
     }
@@ -405,27 +408,7 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
             } else {
                 scratch.file.as_c_str()
             };
-            let bind = mount(
-                Some(src),
-                d.target.as_c_str(),
-                None::<&CStr>,
-                MsFlags::MS_BIND,
-                None::<&CStr>,
-            )
-            .and_then(|()| {
-                mount(
-                    None::<&CStr>,
-                    d.target.as_c_str(),
-                    None::<&CStr>,
-                    MsFlags::MS_BIND
-                        | MsFlags::MS_REMOUNT
-                        | MsFlags::MS_RDONLY
-                        | MsFlags::MS_NOSUID
-                        | MsFlags::MS_NODEV,
-                    None::<&CStr>,
-                )
-            });
-            if let Err(e) = bind {
+            if let Err(e) = bind_read_only(src, &d.target) {
                 fail(stage_tag(STAGE_DENY, i), e)
             }
         }
