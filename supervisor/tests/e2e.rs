@@ -4,25 +4,13 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-const SUP: &str = env!("CARGO_BIN_EXE_sigma-supervise");
 const HOSTILE: &str = env!("CARGO_BIN_EXE_sigma-hostile-probe");
 const TOCTOU: &str = env!("CARGO_BIN_EXE_sigma-toctou-probe");
 
 mod interp;
-use interp::python;
 
-/// `sigma-supervise` with PATH starting at the real interpreter's directory, so `python3`
-/// resolves through the supervisor's own PATH lookup.
 fn sup() -> Command {
-    let dir = python().parent().unwrap();
-    let path = format!(
-        "{}:{}",
-        dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let mut c = Command::new(SUP);
-    c.env("PATH", path).env_remove("RUST_LOG");
-    c
+    interp::supervisor()
 }
 
 fn run(c: &mut Command) -> Output {

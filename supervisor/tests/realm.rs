@@ -13,24 +13,14 @@ extern crate fetcher as sigma_fetcher;
 #[path = "../../fetcher/tests/common/mod.rs"]
 mod common;
 
-const SUP: &str = env!("CARGO_BIN_EXE_sigma-supervise");
 const PREFIX: &str = "/sigma/lib";
 
 mod interp;
-use interp::python;
 
-/// `sigma-supervise` with the real interpreter first on PATH.
+/// `sigma-supervise` with the real interpreter first on PATH and no inherited PYTHONPATH.
 fn sup() -> Command {
-    let dir = python().parent().unwrap();
-    let path = format!(
-        "{}:{}",
-        dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let mut c = Command::new(SUP);
-    c.env("PATH", path)
-        .env_remove("RUST_LOG")
-        .env_remove("PYTHONPATH")
+    let mut c = interp::supervisor();
+    c.env_remove("PYTHONPATH")
         .env("PYTHONDONTWRITEBYTECODE", "1");
     c
 }
