@@ -1,7 +1,7 @@
 //! Filter and listener tests against the real kernel, each in a forked child.
 mod common;
 
-use common::{describe, errno, spawn, ChildIo};
+use common::{describe, errno, map_path_at_page_end, spawn, ChildIo, PG};
 use nix::errno::Errno;
 use sigma_notify::{
     Action, ArgCmp, CmpOp, FilterSpec, NotifyError, Response, SyscallRule, TargetMem,
@@ -269,28 +269,12 @@ fn id_invalid_after_kill_then_listener_hangs_up() {
 /// page 2 is read-only. Sends the base address, then makes the openat calls listed in
 /// `read_path_edges_and_errors`.
 fn read_path_child(io: &ChildIo) -> i32 {
-    const PG: usize = 4096;
-    // SAFETY: anonymous private mapping of 3 pages; no existing memory is affected.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            3 * PG,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return 2;
-    }
-    let base = base.cast::<u8>();
     let s = b"/edge/of/page\0";
-    // SAFETY: page 0 is mapped read-write; we write inside it only (offsets < PG).
-    unsafe {
-        std::ptr::write_bytes(base, b'a', PG);
-        std::ptr::copy_nonoverlapping(s.as_ptr(), base.add(PG - s.len()), s.len());
-    }
+    let Some(base) = map_path_at_page_end(3, s) else {
+        return 2;
+    };
+    // SAFETY: page 0 is mapped read-write; this fills it up to the path (offsets < PG).
+    unsafe { std::ptr::write_bytes(base, b'a', PG - s.len()) };
     // SAFETY: changing protection of pages 1 and 2 of our own mapping.
     unsafe {
         if libc::mprotect(base.add(PG).cast(), PG, libc::PROT_NONE) != 0

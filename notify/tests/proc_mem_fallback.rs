@@ -2,34 +2,18 @@
 //! binary because switching to it is process-wide.
 mod common;
 
-use common::{errno, spawn, ChildIo};
+use common::{errno, map_path_at_page_end, spawn, ChildIo, PG};
 use nix::errno::Errno;
 use sigma_notify::{Action, FilterSpec, Response, SyscallRule, TargetMem};
 
 fn child(_io: &ChildIo) -> i32 {
-    const PG: usize = 4096;
-    // SAFETY: anonymous private mapping of 2 pages; no existing memory is affected.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            2 * PG,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return 2;
-    }
-    let base = base.cast::<u8>();
     let s = b"/via/proc/mem\0";
-    // SAFETY: writes inside page 0 of our mapping, then unmaps page 1 of it.
-    unsafe {
-        std::ptr::copy_nonoverlapping(s.as_ptr(), base.add(PG - s.len()), s.len());
-        if libc::munmap(base.add(PG).cast(), PG) != 0 {
-            return 3;
-        }
+    let Some(base) = map_path_at_page_end(2, s) else {
+        return 2;
+    };
+    // SAFETY: unmaps page 1 of our own mapping.
+    if unsafe { libc::munmap(base.add(PG).cast(), PG) } != 0 {
+        return 3;
     }
     // SAFETY: openat only passes the pointer on; the supervisor reads it.
     let r = unsafe { libc::openat(libc::AT_FDCWD, base.add(PG - s.len()).cast(), 0) };

@@ -168,3 +168,30 @@ impl Drop for Child {
 pub fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
+
+/// Page size the path-edge children assume.
+pub const PG: usize = 4096;
+
+/// In a forked child: map `pages` anonymous read-write pages and put `path` (NUL included) so
+/// that it ends at the very last byte of page 0. Returns the mapping's base, `None` if mmap
+/// failed. Raw libc only (no allocation).
+pub fn map_path_at_page_end(pages: usize, path: &[u8]) -> Option<*mut u8> {
+    // SAFETY: anonymous private mapping of `pages` pages; no existing memory is affected.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            pages * PG,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return None;
+    }
+    let base = base.cast::<u8>();
+    // SAFETY: page 0 is mapped read-write and path.len() <= PG: the copy stays inside it.
+    unsafe { std::ptr::copy_nonoverlapping(path.as_ptr(), base.add(PG - path.len()), path.len()) };
+    Some(base)
+}
