@@ -7,6 +7,7 @@
 //! family, one shared path routine) → [`serve`] (host-side opens under served dirs).
 #![deny(unsafe_code)]
 
+mod container;
 mod handlers;
 mod policy;
 mod publish;
@@ -25,8 +26,13 @@ use std::process::ExitCode;
 
 /// Run PROGRAM as a σOS proc under a seccomp user-notify supervisor.
 ///
-/// A later `publish` subcommand and `--realm/--bucket/--cache-dir` (fetcher) options fit in
-/// beside these: a PROGRAM that collides with a subcommand name can always be given after `--`.
+/// The proc runs in a σcontainer: its own user, mount, pid, network, IPC and UTS namespaces, as
+/// an unprivileged uid with no capabilities, in a fresh root that shows read-only /usr, /lib*,
+/// /bin, a curated /etc, the interpreter's prefix and the script's directory, the working
+/// directory read-write (--cwd ro|none), a private /tmp, a minimal /dev and its own /proc. The
+/// supervisor's cache, buckets and state are never visible. --bind/--bind-rw add host paths.
+/// Landlock and the seccomp list are further layers. A PROGRAM that collides with a subcommand
+/// name (`publish`) can be given after `--`.
 #[derive(Debug, Parser)]
 #[command(
     name = "sigma-supervise",
@@ -44,6 +50,9 @@ pub struct Cli {
 
     #[command(flatten)]
     pub sigma: sigma_api::SigmaOpts,
+
+    #[command(flatten)]
+    pub jail: container::JailOpts,
 
     /// Builtin profile name (sigmaos, permissive) or a TOML profile file.
     #[arg(long, value_name = "NAME|FILE", default_value = "sigmaos")]
@@ -198,7 +207,18 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         &cli.realm.realm,
         cli.realm.cache_dir.as_deref(),
     )?;
-    let mut prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu, elide)?;
+    let s3_dir = match &cli.sigma.s3 {
+        sigma_api::S3Backend::Dir(d) => Some(format!("file://{}", d.display())),
+        sigma_api::S3Backend::Aws => None,
+    };
+    let hidden = container::supervisor_paths(
+        cli.realm.cache_dir.as_deref(),
+        cli.realm.bucket.as_deref(),
+        s3_dir.as_deref(),
+        cli.sigma.scratch_dir.as_deref(),
+    );
+    let jail = cli.jail.spec(&program, &cli.command, &hidden)?;
+    let mut prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu, elide, jail)?;
     if let Some((fd, number)) = api.take_target_end() {
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
     }

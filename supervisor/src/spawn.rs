@@ -124,6 +124,8 @@ pub struct Prepared {
     pin_cpu: Option<usize>,
     /// Descriptors the target inherits (close-on-exec already cleared); ours close after fork.
     inherited: Vec<OwnedFd>,
+    /// The σcontainer the target runs in (`None` only with `--no-jail`).
+    jail: Option<jail::JailSpec>,
 }
 
 impl Prepared {
@@ -158,6 +160,7 @@ pub fn prepare(
     policy: &Policy,
     pin_cpu: Option<usize>,
     elide_paths: bool,
+    jail: Option<jail::JailSpec>,
 ) -> anyhow::Result<Prepared> {
     let path = cstring(program.as_os_str())?;
     let argv = command
@@ -185,7 +188,20 @@ pub fn prepare(
         .map(|s| cstring(s.dir.as_os_str()))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut denies = Vec::new();
-    for p in policy.denied_paths() {
+    let mut jail = jail;
+    if let Some(spec) = &mut jail {
+        // In the jail the served dirs and denied paths are simply not shown: hidden where a
+        // bind would show them, absent otherwise. A served prefix is an empty directory.
+        for s in policy.served() {
+            spec.hides.push(s.dir.clone());
+            spec.dirs.push(s.prefix.clone());
+        }
+        for p in policy.denied_paths() {
+            let real = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+            spec.hides.push(real);
+        }
+    }
+    for p in policy.denied_paths().iter().filter(|_| jail.is_none()) {
         // Over-mount what the path resolves to (bind and read-only remount must name the same
         // mount, and a symlink's target is what an open through it would reach).
         match std::fs::canonicalize(p).and_then(|real| Ok((std::fs::metadata(&real)?, real))) {
@@ -200,6 +216,7 @@ pub fn prepare(
             Err(e) => return Err(e).with_context(|| format!("denied path {}", p.display())),
         }
     }
+    let hides = if jail.is_some() { Vec::new() } else { hides };
     let scratch = if denies.is_empty() {
         None
     } else {
@@ -220,6 +237,7 @@ pub fn prepare(
         scratch,
         pin_cpu,
         inherited: Vec::new(),
+        jail,
     })
 }
 
@@ -227,7 +245,10 @@ impl Prepared {
     /// Also hide `dir` from the target (an empty read-only tmpfs over it), after the served
     /// dirs: a directory that contains a served one (a realm's cache root) hides it too.
     pub fn hide_also(&mut self, dir: &Path) -> anyhow::Result<()> {
-        self.hides.push(cstring(dir.as_os_str())?);
+        match &mut self.jail {
+            Some(spec) => spec.hides.push(dir.to_path_buf()),
+            None => self.hides.push(cstring(dir.as_os_str())?),
+        }
         Ok(())
     }
 
@@ -235,8 +256,12 @@ impl Prepared {
     /// the kernel answers every call under it, nothing is notified. Made before the hides, so
     /// hiding a directory that contains `src` does not hide the bind.
     pub fn bind_read_only(&mut self, src: &Path, target: &Path) -> anyhow::Result<()> {
-        self.binds
-            .push((cstring(src.as_os_str())?, cstring(target.as_os_str())?));
+        match &mut self.jail {
+            Some(spec) => spec.binds.push(jail::Bind::ro(src).at(target)),
+            None => self
+                .binds
+                .push((cstring(src.as_os_str())?, cstring(target.as_os_str())?)),
+        }
         Ok(())
     }
 }
@@ -318,11 +343,15 @@ fn describe_stage(p: &Prepared, tag: u32, errno: i32) -> String {
 
 /// The started child: its listener is ours; it waits for [`Child::go`] before execve.
 pub struct Child {
+    /// The process the supervisor waits for: the target itself, or the jail's init.
     pub pid: i32,
     pub display: String,
     pub listener: OwnedFd,
+    /// Where the exec result arrives: an errno message, or EOF once execve succeeded.
     status_rx: OwnedFd,
     go_tx: OwnedFd,
+    /// The jail's cgroup, removed when dropped (keep it until the run ends).
+    pub cgroup: Option<jail::limits::Cgroup>,
 }
 
 impl Child {
@@ -443,7 +472,10 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
 
 /// Fork the child, let it set itself up, and take its listener. Must run while this process has
 /// one thread.
-pub fn spawn(p: Prepared) -> Result<Child, Failure> {
+pub fn spawn(mut p: Prepared) -> Result<Child, Failure> {
+    if let Some(spec) = p.jail.take() {
+        return spawn_jailed(p, spec);
+    }
     sys::set_child_subreaper().context("PR_SET_CHILD_SUBREAPER")?;
     sys::default_disposition(Signal::SIGCHLD);
     let old_mask = handled_signals()
@@ -482,7 +514,212 @@ pub fn spawn(p: Prepared) -> Result<Child, Failure> {
         listener,
         status_rx,
         go_tx,
+        cgroup: None,
     })
     // `p` (with the scratch bind sources) drops here: the child's mounts are made (the listener
     // only comes after them) and keep the inodes alive.
+}
+
+/// Jailed start-up messages (child → supervisor, one SEQPACKET datagram each):
+/// [kind, a, b, c] as native-endian 32-bit words.
+const J_LISTENER: u32 = 1;
+const J_JAIL_STAGE: u32 = 2;
+const J_STAGE: u32 = 3;
+
+fn jsend(fd: &OwnedFd, kind: u32, a: u32, b: u32, c: i32) {
+    let mut msg = [0u8; 16];
+    msg[..4].copy_from_slice(&kind.to_ne_bytes());
+    msg[4..8].copy_from_slice(&a.to_ne_bytes());
+    msg[8..12].copy_from_slice(&b.to_ne_bytes());
+    msg[12..].copy_from_slice(&c.to_ne_bytes());
+    let _ = nix::unistd::write(fd, &msg);
+}
+
+/// One jailed start-up message and the sender's pid in our pid namespace (SO_PASSCRED).
+fn jrecv(fd: &OwnedFd) -> Option<([u32; 4], Option<i32>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixCredentials};
+    let mut buf = [0u8; 16];
+    let mut cmsg = nix::cmsg_space!(UnixCredentials);
+    loop {
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        match recvmsg::<()>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::empty()) {
+            Ok(m) if m.bytes == 16 => {
+                let mut pid = None;
+                if let Ok(cmsgs) = m.cmsgs() {
+                    for c in cmsgs {
+                        if let ControlMessageOwned::ScmCredentials(cred) = c {
+                            pid = Some(cred.pid());
+                        }
+                    }
+                }
+                let w = |i: usize| u32::from_ne_bytes(buf[i * 4..i * 4 + 4].try_into().expect("4"));
+                return Some(([w(0), w(1), w(2), w(3)], pid));
+            }
+            Ok(_) => return None,
+            Err(Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Read one byte from `fd` (a "go" from the supervisor); false on EOF or error.
+fn wait_byte(fd: &OwnedFd) -> bool {
+    let mut b = [0u8; 1];
+    loop {
+        match nix::unistd::read(fd, &mut b) {
+            Ok(1) => return true,
+            Err(Errno::EINTR) => continue,
+            _ => return false,
+        }
+    }
+}
+
+/// The target inside the jail (pid 2): shed privilege, filter, hand the listener over, exec.
+fn jailed_target(
+    p: &Prepared,
+    plan: &jail::Plan,
+    status: &OwnedFd,
+    go_rx: &OwnedFd,
+    exec_tx: &OwnedFd,
+    old_mask: &SigSet,
+) -> ! {
+    let _ = old_mask.thread_set_mask();
+    sys::default_disposition(Signal::SIGPIPE);
+    let _ = sys::set_parent_death_kill();
+    if let Err(e) = jail::shed::shed(plan) {
+        jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
+        sys::exit_child(125)
+    }
+    if let Some(cpu) = p.pin_cpu {
+        let mut set = nix::sched::CpuSet::new();
+        let r = set
+            .set(cpu)
+            .and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
+        if let Err(e) = r {
+            jsend(status, J_STAGE, STAGE_AFFINITY, 0, e as i32);
+            sys::exit_child(125)
+        }
+    }
+    let listener = match p.filter.install() {
+        Ok(fd) => fd,
+        Err(e) => {
+            jsend(status, J_STAGE, STAGE_FILTER, 0, e as i32);
+            sys::exit_child(125)
+        }
+    };
+    jsend(status, J_LISTENER, listener.as_raw_fd() as u32, 0, 0);
+    if !wait_byte(go_rx) {
+        sys::exit_child(125)
+    }
+    drop(listener);
+    let e = sys::execve(&p.path, &p.argv_ptrs, &p.envp_ptrs);
+    send(exec_tx, STAGE_EXEC, e as i32);
+    sys::exit_child(if e == Errno::ENOENT { 127 } else { 126 })
+}
+
+/// Start the target in its σcontainer: clone init into new namespaces, map its ids, let it
+/// build the root and fork the target, then take the target's listener.
+fn spawn_jailed(p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
+    use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
+    jail::userns_available().map_err(|why| anyhow!(jail::JailError::NoUserns { why }))?;
+    let cgroup = jail::limits::Cgroup::create(
+        &format!("sigma-supervise.{}", std::process::id()),
+        &spec.limits,
+    )
+    .map_err(|e| anyhow!("{e}"))?;
+    let grace = spec.grace;
+    let plan = spec.prepare().map_err(anyhow::Error::from)?;
+    sys::set_child_subreaper().context("PR_SET_CHILD_SUBREAPER")?;
+    sys::default_disposition(Signal::SIGCHLD);
+    let old_mask = handled_signals()
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .context("blocking signals")?;
+    let (status_rx, status_tx) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .context("socketpair")?;
+    setsockopt(&status_rx, sockopt::PassCred, &true).context("SO_PASSCRED")?;
+    let (maps_rx, maps_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
+    let (go_rx, go_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
+    let (exec_rx, exec_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
+    let pid = jail::clone_into_namespaces(&plan.spec)
+        .map_err(|e| anyhow!("cannot create the jail's namespaces: {}", e.desc()))?;
+    if pid == 0 {
+        // init: pid 1 of the proc's pid namespace.
+        drop(status_rx);
+        drop(maps_tx);
+        drop(go_tx);
+        drop(exec_rx);
+        let _ = sys::set_parent_death_kill();
+        if !wait_byte(&maps_rx) {
+            sys::exit_child(125)
+        }
+        drop(maps_rx);
+        if let Err(e) = jail::world::build(&plan) {
+            jsend(&status_tx, J_JAIL_STAGE, e.step, e.detail, e.errno);
+            sys::exit_child(125)
+        }
+        let target = match sys::fork() {
+            Ok(0) => jailed_target(&p, &plan, &status_tx, &go_rx, &exec_tx, &old_mask),
+            Ok(t) => t,
+            Err(e) => {
+                jsend(&status_tx, J_STAGE, STAGE_EXEC, 0, e as i32);
+                sys::exit_child(125)
+            }
+        };
+        // init keeps nothing of the target's: no pipe, no inherited socket.
+        jail::close_fds_from(3);
+        jail::init::run(target, &handled_signals(), grace)
+    }
+    drop(status_tx);
+    drop(maps_rx);
+    drop(go_rx);
+    drop(exec_tx);
+    let setup_failed = |msg: String| -> Failure {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        anyhow!("cannot start {}: {msg}", p.display).into()
+    };
+    if let Err(e) = plan.write_id_maps(pid) {
+        return Err(setup_failed(e.to_string()));
+    }
+    if let Some(cg) = &cgroup {
+        if let Err(e) = cg.join(pid) {
+            return Err(setup_failed(e));
+        }
+    }
+    let _ = nix::unistd::write(&maps_tx, b"g");
+    drop(maps_tx);
+    let (fd, target_pid) = match jrecv(&status_rx) {
+        Some(([J_LISTENER, fd, _, _], Some(tpid))) => (fd as i32, tpid),
+        Some(([J_JAIL_STAGE, step, detail, errno], _)) => {
+            return Err(setup_failed(plan.describe(jail::StageError {
+                step,
+                detail,
+                errno: errno as i32,
+            })))
+        }
+        Some(([J_STAGE, stage, _, errno], _)) => {
+            return Err(setup_failed(describe_stage(&p, stage, errno as i32)))
+        }
+        _ => return Err(setup_failed("the jail's init exited during setup".into())),
+    };
+    let pidfd = sys::pidfd_open(target_pid).context("pidfd_open")?;
+    let listener = sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| {
+        setup_failed(format!(
+            "taking the seccomp listener (pidfd_getfd): {}",
+            e.desc()
+        ))
+    })?;
+    Ok(Child {
+        pid,
+        display: p.display.clone(),
+        listener,
+        status_rx: exec_rx,
+        go_tx,
+        cgroup,
+    })
 }

@@ -185,7 +185,7 @@ fn wait_all(main_pid: i32) -> anyhow::Result<u8> {
 /// Run the loop for `child` until every supervised process is gone; returns the exit status a
 /// shell would report for the main child.
 pub fn supervise(
-    child: Child,
+    mut child: Child,
     policy: Policy,
     trace: Option<TraceSink>,
     want_stats: bool,
@@ -228,6 +228,7 @@ pub fn supervise(
         .context("starting the notification thread")?;
     let pid = child.pid;
     let display = child.display.clone();
+    let _cgroup = child.cgroup.take();
     if let Err(errno) = child.go() {
         let _ = wait_all(pid);
         let e = Errno::from_raw(errno);

@@ -1,0 +1,270 @@
+//! The σcontainer: the world one proc runs in.
+//!
+//! A [`JailSpec`] is one plain value describing that world — identity, the binds of its root,
+//! network, limits — filled by the CLI (or a test). [`JailSpec::prepare`] turns it, before any
+//! fork, into a [`Plan`]: every path a C string, every step decided. The forked processes then
+//! only make system calls, in the order the kernel requires:
+//!
+//! ```text
+//! supervisor ── clone(NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS) ──▶ init (pid 1)
+//!     writes uid_map/gid_map                 │ clones the bind sources (open_tree), mounts a
+//!                                            │ tmpfs root, attaches binds, /dev, /proc, /tmp,
+//!                                            │ curated /etc, hides, pivot_root, loopback up
+//!                                            └─ fork ──▶ target (pid 2)
+//!                                                 rlimits → capabilities dropped (all five sets)
+//!                                                 → no_new_privs → Landlock → seccomp → execve
+//! ```
+//!
+//! [`world`] builds the root (in init), [`shed`] drops privilege (in the target), [`init`] is
+//! pid 1's loop (reap, forward signals, end the proc when its program ends), [`limits`] the
+//! optional cgroup. Nothing here decides syscalls; that is the supervisor's filter.
+#![deny(unsafe_code)]
+
+pub mod init;
+pub mod limits;
+mod plan;
+pub mod shed;
+mod sys;
+pub mod view;
+pub mod world;
+
+pub use plan::{Plan, StageError, Step};
+pub use view::{CwdMode, ViewOptions};
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One bind of a host path into the proc's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    /// Host path (resolved by the kernel at set-up; symlinks followed).
+    pub src: PathBuf,
+    /// Absolute path inside the jail.
+    pub dst: PathBuf,
+    /// Read-write (else read-only, nosuid, nodev, recursively).
+    pub rw: bool,
+    /// Skip silently when `src` does not exist (standard binds such as `/lib32`).
+    pub optional: bool,
+}
+
+impl Bind {
+    pub fn ro(src: impl Into<PathBuf>) -> Bind {
+        let src = src.into();
+        Bind {
+            dst: src.clone(),
+            src,
+            rw: false,
+            optional: false,
+        }
+    }
+    pub fn rw(src: impl Into<PathBuf>) -> Bind {
+        Bind {
+            rw: true,
+            ..Bind::ro(src)
+        }
+    }
+    pub fn at(mut self, dst: impl Into<PathBuf>) -> Bind {
+        self.dst = dst.into();
+        self
+    }
+    pub fn optional(mut self) -> Bind {
+        self.optional = true;
+        self
+    }
+}
+
+/// A file the jail shows with generated contents (read-only), e.g. `/etc/passwd`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GeneratedFile {
+    pub dst: PathBuf,
+    pub contents: Vec<u8>,
+}
+
+/// The proc's network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Net {
+    /// A network namespace of its own with loopback only.
+    #[default]
+    Loopback,
+    /// The host's network namespace.
+    Host,
+}
+
+/// Resource limits.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Limits {
+    /// Processes (threads included) the proc's user may have: `RLIMIT_NPROC`, counted per user
+    /// in the proc's own user namespace, plus the cgroup's `pids.max` where one can be made.
+    pub pids: Option<u64>,
+    /// Memory in bytes (cgroup `memory` controller; address space is not limited).
+    pub memory: Option<u64>,
+    /// CPUs (e.g. 1.5), through the cgroup `cpu` controller's CFS quota.
+    pub cpus: Option<f64>,
+}
+
+/// The world of one proc.
+#[derive(Debug, Clone)]
+pub struct JailSpec {
+    /// Identity inside the jail (never 0 by default).
+    pub uid: u32,
+    pub gid: u32,
+    /// Host identity the inside ids map to: the supervisor's own ids when it is not root; an
+    /// unprivileged id (default 65534) when it is.
+    pub host_uid: u32,
+    pub host_gid: u32,
+    /// Binds, in any order (applied parents first).
+    pub binds: Vec<Bind>,
+    /// Generated read-only files (curated `/etc/passwd`, `/etc/group`, ...).
+    pub files: Vec<GeneratedFile>,
+    /// Symlinks to create in the root (dst → target), e.g. `/bin → usr/bin`.
+    pub symlinks: Vec<(PathBuf, PathBuf)>,
+    /// Empty directories to create (mount points the supervisor fills later, e.g. a served
+    /// library prefix).
+    pub dirs: Vec<PathBuf>,
+    /// Paths hidden inside the jail even when they lie under a bind (an empty read-only tmpfs over
+    /// a directory, an empty file over a file): the cache, the bucket, the supervisor's state.
+    pub hides: Vec<PathBuf>,
+    /// Private `/tmp` size in bytes.
+    pub tmp_size: u64,
+    /// Directory the target starts in (must exist in the jail), else `/`.
+    pub workdir: Option<PathBuf>,
+    pub hostname: String,
+    pub net: Net,
+    pub limits: Limits,
+    /// Landlock as a second layer (degrades with a warning where the kernel lacks it).
+    pub landlock: bool,
+    /// After the program exits: SIGTERM to what is left, then SIGKILL after this long.
+    pub grace: Duration,
+}
+
+impl JailSpec {
+    /// An empty world for `uid`/`gid` inside, mapped to the supervisor's identity (or to nobody
+    /// when the supervisor is root).
+    pub fn new(uid: u32, gid: u32) -> JailSpec {
+        let (host_uid, host_gid) = default_host_ids();
+        JailSpec {
+            uid,
+            gid,
+            host_uid,
+            host_gid,
+            binds: Vec::new(),
+            files: Vec::new(),
+            symlinks: Vec::new(),
+            dirs: Vec::new(),
+            hides: Vec::new(),
+            tmp_size: 1 << 30,
+            workdir: None,
+            hostname: "sigma".into(),
+            net: Net::Loopback,
+            limits: Limits {
+                pids: Some(512),
+                ..Limits::default()
+            },
+            landlock: true,
+            grace: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Unprivileged host identity of the proc. An ordinary user can only map its own ids; root maps
+/// the proc to `nobody` so that it is never root on the host.
+pub fn default_host_ids() -> (u32, u32) {
+    let (uid, gid) = (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    );
+    if uid == 0 {
+        (65534, 65534)
+    } else {
+        (uid, gid)
+    }
+}
+
+/// Errors building the plan (before fork). Each displays as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum JailError {
+    #[error("jail path `{path}` contains a NUL byte")]
+    Nul { path: String },
+    #[error("jail path `{path}` must be absolute")]
+    Relative { path: String },
+    #[error("jail path `{path}` contains `..`")]
+    DotDot { path: String },
+    #[error("bind source {path}: {source}")]
+    Source {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "user namespaces are not available here ({why}); run with --no-jail to go without (unsafe)"
+    )]
+    NoUserns { why: String },
+}
+
+/// The namespaces a jail clones into.
+pub fn clone_flags(spec: &JailSpec) -> i32 {
+    let mut f = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWCGROUP;
+    if spec.net == Net::Loopback {
+        f |= libc::CLONE_NEWNET;
+    }
+    f
+}
+
+/// Fork into the jail's namespaces: returns 0 in the child (pid 1 of the new pid namespace, all
+/// capabilities in the new user namespace, no id mapped yet), the child's pid in the parent.
+///
+/// Call only while the process is single-threaded (as before fork(2)): the child then only
+/// runs this crate's set-up on data prepared before the call.
+#[allow(unsafe_code)]
+pub fn clone_into_namespaces(spec: &JailSpec) -> Result<i32, nix::errno::Errno> {
+    // SAFETY: the caller guarantees the process is single-threaded (documented precondition);
+    // the child continues on a copy of this stack as after fork.
+    unsafe { sys::clone_fork(clone_flags(spec)) }
+}
+
+impl Plan {
+    /// Map the proc's ids (from the parent, after [`clone_into_namespaces`]). `setgroups` is
+    /// denied first, as an unprivileged parent must, and so the proc can never drop a group.
+    pub fn write_id_maps(&self, pid: i32) -> Result<(), JailError> {
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |source| JailError::Io { what, source }
+        };
+        let base = PathBuf::from(format!("/proc/{pid}"));
+        std::fs::write(base.join("setgroups"), "deny").map_err(io("writing setgroups"))?;
+        std::fs::write(base.join("uid_map"), &self.uid_map).map_err(io("writing uid_map"))?;
+        std::fs::write(base.join("gid_map"), &self.gid_map).map_err(io("writing gid_map"))?;
+        Ok(())
+    }
+}
+
+/// Whether user namespaces can be made here; the reason when not.
+pub fn userns_available() -> Result<(), String> {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned());
+    if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+        return Err("user.max_user_namespaces is 0".into());
+    }
+    if nix::unistd::geteuid().as_raw() != 0
+        && read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0")
+    {
+        return Err("kernel.unprivileged_userns_clone is 0".into());
+    }
+    Ok(())
+}
+
+/// Close every descriptor from `first` up: init keeps none of the target's (a socket held open
+/// by init would outlive the program).
+pub fn close_fds_from(first: u32) {
+    sys::close_from(first)
+}

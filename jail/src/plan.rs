@@ -1,0 +1,536 @@
+//! A [`JailSpec`] turned into steps before fork: paths checked and converted once, the order of
+//! mounts fixed (parents before children, hides last), so the forked init only executes.
+use crate::{Bind, JailError, JailSpec, Net};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+/// Where the new root is assembled in init's own mount namespace (a fresh tmpfs is mounted over
+/// it after every bind source has been cloned, so nothing of the host's `/tmp` is visible).
+pub const BUILD_ROOT: &str = "/tmp";
+
+/// One step of building the proc's root, in order. Paths are absolute host paths under
+/// [`BUILD_ROOT`] (before pivot_root) unless said otherwise.
+#[derive(Debug)]
+pub enum Step {
+    /// Become the proc's user inside the namespace (a root supervisor's child starts as an
+    /// unmapped id); capabilities in the new user namespace are kept.
+    Identity {
+        uid: u32,
+        gid: u32,
+    },
+    /// Make every mount private (nothing propagates back to the host).
+    PrivateMounts,
+    /// Clone bind source trees (open_tree) before the build root is covered.
+    CloneSources,
+    /// A tmpfs at [`BUILD_ROOT`]: the future `/`.
+    BuildRoot,
+    Dir {
+        path: CString,
+        mode: u32,
+    },
+    /// An empty file (mount point for a file bind).
+    File {
+        path: CString,
+    },
+    Symlink {
+        target: CString,
+        path: CString,
+    },
+    /// Attach the cloned tree of bind `index` at `path`.
+    Attach {
+        index: usize,
+        path: CString,
+    },
+    Tmpfs {
+        path: CString,
+        data: CString,
+        flags: u64,
+    },
+    Proc {
+        path: CString,
+    },
+    Devpts {
+        path: CString,
+    },
+    /// Read-only over-mount of `/proc/sys`-like paths onto themselves.
+    ReadOnly {
+        path: CString,
+    },
+    Write {
+        path: CString,
+        data: Vec<u8>,
+        mode: u32,
+    },
+    /// Hide a directory (empty read-only tmpfs) or a file (empty read-only file) if present.
+    Hide {
+        path: CString,
+        dir: bool,
+    },
+    Pivot,
+    RootReadOnly,
+    Hostname {
+        name: CString,
+    },
+    Loopback,
+}
+
+impl Step {
+    /// Short name for error messages.
+    pub fn what(&self) -> &'static str {
+        match self {
+            Step::Identity { .. } => "taking the proc's uid/gid",
+            Step::PrivateMounts => "making mounts private",
+            Step::CloneSources => "cloning a bind source (open_tree)",
+            Step::BuildRoot => "mounting the new root",
+            Step::Dir { .. } => "creating a directory",
+            Step::File { .. } => "creating a mount point",
+            Step::Symlink { .. } => "creating a symlink",
+            Step::Attach { .. } => "attaching a bind (move_mount)",
+            Step::Tmpfs { .. } => "mounting a tmpfs",
+            Step::Proc { .. } => "mounting /proc",
+            Step::Devpts { .. } => "mounting /dev/pts",
+            Step::ReadOnly { .. } => "making a path read-only",
+            Step::Write { .. } => "writing a generated file",
+            Step::Hide { .. } => "hiding a path",
+            Step::Pivot => "pivot_root",
+            Step::RootReadOnly => "making / read-only",
+            Step::Hostname { .. } => "sethostname",
+            Step::Loopback => "bringing up loopback",
+        }
+    }
+}
+
+/// A failed step, as the child reports it: which step (index into [`Plan::steps`], or a
+/// privilege stage), which bind for [`Step::CloneSources`], and the errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageError {
+    pub step: u32,
+    pub detail: u32,
+    pub errno: i32,
+}
+
+/// Stages after the root is built, reported with `step` = `SHED_BASE + n`.
+pub const SHED_BASE: u32 = 0x1000;
+pub const SHED_STAGES: &[&str] = &[
+    "setting resource limits",
+    "setting securebits",
+    "dropping the bounding set",
+    "clearing ambient capabilities",
+    "clearing capabilities (capset)",
+    "no_new_privs",
+    "Landlock",
+    "entering the working directory",
+    "joining the cgroup",
+];
+
+/// A prepared jail: the spec plus its steps and the bind sources.
+#[derive(Debug)]
+pub struct Plan {
+    pub spec: JailSpec,
+    pub steps: Vec<Step>,
+    /// Bind sources (host paths) and whether each is read-write.
+    pub sources: Vec<(CString, bool)>,
+    /// Bind destinations inside the jail (for error messages and Landlock).
+    pub source_dsts: Vec<PathBuf>,
+    /// `/proc/<pid>/uid_map` and `gid_map` lines.
+    pub uid_map: String,
+    pub gid_map: String,
+    pub workdir: CString,
+}
+
+fn cstr(p: &Path) -> Result<CString, JailError> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| JailError::Nul {
+        path: p.display().to_string(),
+    })
+}
+
+/// An absolute, `..`-free jail path.
+fn check_abs(p: &Path) -> Result<(), JailError> {
+    if !p.is_absolute() {
+        return Err(JailError::Relative {
+            path: p.display().to_string(),
+        });
+    }
+    if p.components().any(|c| c == Component::ParentDir) {
+        return Err(JailError::DotDot {
+            path: p.display().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// `p` inside the build root.
+fn built(p: &Path) -> PathBuf {
+    let rel = p.strip_prefix("/").unwrap_or(p);
+    Path::new(BUILD_ROOT).join(rel)
+}
+
+/// Mount-point kinds, to create parents once and in order.
+struct Tree {
+    dirs: std::collections::BTreeSet<PathBuf>,
+}
+
+impl Tree {
+    /// Every ancestor of `p` (inside the jail), shallowest first, not yet created.
+    fn parents(&mut self, p: &Path, steps: &mut Vec<Step>) -> Result<(), JailError> {
+        let mut acc = PathBuf::from("/");
+        let comps: Vec<_> = p.components().skip(1).collect();
+        for c in comps.iter().take(comps.len().saturating_sub(1)) {
+            acc.push(c);
+            if self.dirs.insert(acc.clone()) {
+                steps.push(Step::Dir {
+                    path: cstr(&built(&acc))?,
+                    mode: 0o755,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl JailSpec {
+    /// Check every path and fix the order of the steps. Runs before fork.
+    pub fn prepare(self) -> Result<Plan, JailError> {
+        // Sources are cloned with the identity we were started with (the host user's, so its
+        // private directories can be traversed), before taking the proc's.
+        let mut steps = vec![
+            Step::PrivateMounts,
+            Step::CloneSources,
+            Step::Identity {
+                uid: self.uid,
+                gid: self.gid,
+            },
+            Step::BuildRoot,
+        ];
+        let mut tree = Tree {
+            dirs: Default::default(),
+        };
+        tree.dirs.insert(PathBuf::from("/"));
+
+        // Binds whose source exists, parents first (a bind nested in another is attached after it).
+        let mut binds: Vec<&Bind> = Vec::new();
+        for b in &self.binds {
+            check_abs(&b.dst)?;
+            match std::fs::metadata(&b.src) {
+                Ok(_) => binds.push(b),
+                Err(_) if b.optional => {}
+                Err(e) => {
+                    return Err(JailError::Source {
+                        path: b.src.display().to_string(),
+                        source: e,
+                    })
+                }
+            }
+        }
+        binds.sort_by_key(|b| b.dst.components().count());
+        // A later bind with the same destination replaces an earlier one.
+        let mut seen = std::collections::HashSet::new();
+        let mut uniq = Vec::new();
+        for b in binds.iter().rev() {
+            if seen.insert(b.dst.clone()) {
+                uniq.push(*b);
+            }
+        }
+        uniq.reverse();
+        uniq.sort_by_key(|b| b.dst.components().count());
+
+        let mut sources = Vec::new();
+        let mut source_dsts = Vec::new();
+        let mut symlinks: Vec<_> = self.symlinks.iter().collect();
+        symlinks.sort_by_key(|(d, _)| d.components().count());
+        for (dst, target) in symlinks {
+            check_abs(dst)?;
+            tree.parents(dst, &mut steps)?;
+            steps.push(Step::Symlink {
+                target: cstr(target)?,
+                path: cstr(&built(dst))?,
+            });
+        }
+        // Fixed parts of every jail.
+        for (d, mode) in [("/dev", 0o755), ("/proc", 0o555), ("/tmp", 0o1777)] {
+            tree.dirs.insert(PathBuf::from(d));
+            steps.push(Step::Dir {
+                path: cstr(&built(Path::new(d)))?,
+                mode,
+            });
+        }
+        steps.push(Step::Tmpfs {
+            path: cstr(&built(Path::new("/tmp")))?,
+            data: CString::new(format!("mode=1777,size={}", self.tmp_size)).expect("no NUL"),
+            flags: (libc::MS_NOSUID | libc::MS_NODEV) as u64,
+        });
+        steps.push(Step::Proc {
+            path: cstr(&built(Path::new("/proc")))?,
+        });
+        for p in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"] {
+            steps.push(Step::ReadOnly {
+                path: cstr(&built(Path::new(p)))?,
+            });
+        }
+        dev_steps(&mut steps, &mut sources, &mut source_dsts)?;
+
+        for b in uniq {
+            let is_dir = std::fs::metadata(&b.src)
+                .map(|m| m.is_dir())
+                .unwrap_or(true);
+            tree.parents(&b.dst, &mut steps)?;
+            let path = cstr(&built(&b.dst))?;
+            if is_dir {
+                if tree.dirs.insert(b.dst.clone()) {
+                    steps.push(Step::Dir {
+                        path: path.clone(),
+                        mode: 0o755,
+                    });
+                }
+            } else {
+                steps.push(Step::File { path: path.clone() });
+            }
+            steps.push(Step::Attach {
+                index: sources.len(),
+                path,
+            });
+            sources.push((cstr(&b.src)?, b.rw));
+            source_dsts.push(b.dst.clone());
+        }
+        for d in &self.dirs {
+            check_abs(d)?;
+            tree.parents(d, &mut steps)?;
+            if tree.dirs.insert(d.clone()) {
+                steps.push(Step::Dir {
+                    path: cstr(&built(d))?,
+                    mode: 0o755,
+                });
+            }
+        }
+        for f in &self.files {
+            check_abs(&f.dst)?;
+            tree.parents(&f.dst, &mut steps)?;
+            steps.push(Step::Write {
+                path: cstr(&built(&f.dst))?,
+                data: f.contents.clone(),
+                mode: 0o644,
+            });
+        }
+        for h in &self.hides {
+            check_abs(h)?;
+            // Only what the jail shows needs hiding: a host path under some bind's source,
+            // hidden where that bind shows it.
+            let dir = std::fs::metadata(h).map(|m| m.is_dir()).unwrap_or(true);
+            let mut at: Vec<PathBuf> = Vec::new();
+            for b in &self.binds {
+                if let Ok(rest) = h.strip_prefix(&b.src) {
+                    let p = if rest.as_os_str().is_empty() {
+                        b.dst.clone()
+                    } else {
+                        b.dst.join(rest)
+                    };
+                    if !at.contains(&p) {
+                        at.push(p);
+                    }
+                }
+            }
+            for p in at {
+                steps.push(Step::Hide {
+                    path: cstr(&built(&p))?,
+                    dir,
+                });
+            }
+        }
+        steps.push(Step::Pivot);
+        steps.push(Step::RootReadOnly);
+        steps.push(Step::Hostname {
+            name: CString::new(self.hostname.clone()).map_err(|_| JailError::Nul {
+                path: self.hostname.clone(),
+            })?,
+        });
+        if self.net == Net::Loopback {
+            steps.push(Step::Loopback);
+        }
+        let workdir = match &self.workdir {
+            Some(w) => {
+                check_abs(w)?;
+                cstr(w)?
+            }
+            None => CString::new("/").expect("no NUL"),
+        };
+        Ok(Plan {
+            uid_map: format!("{} {} 1\n", self.uid, self.host_uid),
+            gid_map: format!("{} {} 1\n", self.gid, self.host_gid),
+            spec: self,
+            steps,
+            sources,
+            source_dsts,
+            workdir,
+        })
+    }
+}
+
+/// A minimal /dev: a tmpfs with the harmless character devices bound from the host, a private
+/// devpts, shm, and the usual symlinks.
+fn dev_steps(
+    steps: &mut Vec<Step>,
+    sources: &mut Vec<(CString, bool)>,
+    dsts: &mut Vec<PathBuf>,
+) -> Result<(), JailError> {
+    steps.push(Step::Tmpfs {
+        path: cstr(&built(Path::new("/dev")))?,
+        data: CString::new("mode=0755,size=64k").expect("no NUL"),
+        flags: (libc::MS_NOSUID | libc::MS_NOEXEC) as u64,
+    });
+    for name in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let host = PathBuf::from("/dev").join(name);
+        if std::fs::metadata(&host).is_err() {
+            continue;
+        }
+        let path = cstr(&built(&host))?;
+        steps.push(Step::File { path: path.clone() });
+        steps.push(Step::Attach {
+            index: sources.len(),
+            path,
+        });
+        // Device nodes are written (null, tty): their bind stays read-write, which grants
+        // nothing beyond the node itself.
+        sources.push((cstr(&host)?, true));
+        dsts.push(host);
+    }
+    for (d, mode) in [("/dev/pts", 0o755), ("/dev/shm", 0o1777)] {
+        steps.push(Step::Dir {
+            path: cstr(&built(Path::new(d)))?,
+            mode,
+        });
+    }
+    steps.push(Step::Devpts {
+        path: cstr(&built(Path::new("/dev/pts")))?,
+    });
+    steps.push(Step::Tmpfs {
+        path: cstr(&built(Path::new("/dev/shm")))?,
+        data: CString::new("mode=1777,size=256m").expect("no NUL"),
+        flags: (libc::MS_NOSUID | libc::MS_NODEV) as u64,
+    });
+    for (link, target) in [
+        ("/dev/ptmx", "pts/ptmx"),
+        ("/dev/fd", "/proc/self/fd"),
+        ("/dev/stdin", "/proc/self/fd/0"),
+        ("/dev/stdout", "/proc/self/fd/1"),
+        ("/dev/stderr", "/proc/self/fd/2"),
+        ("/dev/core", "/proc/kcore"),
+    ] {
+        if link == "/dev/core" {
+            continue;
+        }
+        steps.push(Step::Symlink {
+            target: CString::new(target).expect("no NUL"),
+            path: cstr(&built(Path::new(link)))?,
+        });
+    }
+    Ok(())
+}
+
+impl Plan {
+    /// One line describing a failure reported by the child.
+    pub fn describe(&self, e: StageError) -> String {
+        let errno = nix::errno::Errno::from_raw(e.errno).desc();
+        if e.step >= SHED_BASE {
+            let what = SHED_STAGES
+                .get((e.step - SHED_BASE) as usize)
+                .copied()
+                .unwrap_or("dropping privileges");
+            return format!("jail: {what} failed: {errno}");
+        }
+        let Some(step) = self.steps.get(e.step as usize) else {
+            return format!("jail: set-up failed: {errno}");
+        };
+        let path = match step {
+            Step::CloneSources => self
+                .sources
+                .get(e.detail as usize)
+                .map(|(s, _)| s.to_string_lossy().into_owned()),
+            Step::Dir { path, .. }
+            | Step::File { path }
+            | Step::Symlink { path, .. }
+            | Step::Attach { path, .. }
+            | Step::Tmpfs { path, .. }
+            | Step::Proc { path }
+            | Step::Devpts { path }
+            | Step::ReadOnly { path }
+            | Step::Write { path, .. }
+            | Step::Hide { path, .. } => Some(
+                path.to_string_lossy()
+                    .strip_prefix(BUILD_ROOT)
+                    .unwrap_or("/")
+                    .to_owned(),
+            ),
+            _ => None,
+        };
+        let path = path.map(|p| format!(" {p}")).unwrap_or_default();
+        format!("jail: {}{path} failed: {errno}", step.what())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parents_come_before_children_and_hides_last() {
+        let mut spec = JailSpec::new(1000, 1000);
+        spec.binds.push(Bind::ro("/usr/share").at("/a/b/c"));
+        spec.binds.push(Bind::ro("/usr").at("/a"));
+        spec.hides.push(PathBuf::from("/usr/share/doc"));
+        let plan = spec.prepare().unwrap();
+        let pos = |want: &str| {
+            plan.steps
+                .iter()
+                .position(|s| match s {
+                    Step::Attach { path, .. } => path.to_str().unwrap() == want,
+                    _ => false,
+                })
+                .unwrap()
+        };
+        assert!(pos("/tmp/a") < pos("/tmp/a/b/c"));
+        let hides: Vec<_> = plan
+            .steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                Step::Hide { path, .. } => Some((i, path.to_str().unwrap().to_owned())),
+                _ => None,
+            })
+            .collect();
+        // Hidden wherever a bind shows it, after every attach.
+        let at: Vec<_> = hides.iter().map(|(_, p)| p.as_str()).collect();
+        assert!(
+            at.contains(&"/tmp/a/share/doc") && at.contains(&"/tmp/a/b/c/doc"),
+            "{at:?}"
+        );
+        assert!(hides.iter().all(|(i, _)| *i > pos("/tmp/a/b/c")));
+        assert!(matches!(plan.steps[0], Step::PrivateMounts));
+        assert_eq!(plan.uid_map, format!("1000 {} 1\n", plan.spec.host_uid));
+    }
+
+    #[test]
+    fn relative_and_dotdot_destinations_are_refused() {
+        let mut spec = JailSpec::new(1000, 1000);
+        spec.binds.push(Bind::ro("/usr").at("usr"));
+        assert!(matches!(spec.prepare(), Err(JailError::Relative { .. })));
+        let mut spec = JailSpec::new(1000, 1000);
+        spec.binds.push(Bind::ro("/usr").at("/x/../etc"));
+        assert!(matches!(spec.prepare(), Err(JailError::DotDot { .. })));
+    }
+
+    #[test]
+    fn missing_source_is_an_error_unless_optional() {
+        let mut spec = JailSpec::new(1000, 1000);
+        spec.binds.push(Bind::ro("/no/such/dir").optional());
+        let plan = spec.prepare().unwrap();
+        assert!(plan
+            .sources
+            .iter()
+            .all(|(s, _)| s.to_str() != Ok("/no/such/dir")));
+        let mut spec = JailSpec::new(1000, 1000);
+        spec.binds.push(Bind::ro("/no/such/dir"));
+        let e = spec.prepare().unwrap_err().to_string();
+        assert!(e.contains("/no/such/dir"), "{e}");
+    }
+}

@@ -1,0 +1,240 @@
+//! The kernel calls the jail needs that `nix` does not wrap: clone with namespace flags, the new
+//! mount API (open_tree, mount_setattr, move_mount), pivot_root, capset, securebits, and the
+//! loopback interface's flags. Every function here is a thin wrapper; the callers decide.
+#![allow(unsafe_code)]
+
+use nix::errno::Errno;
+use std::ffi::CStr;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// clone(2) without a new stack, as fork(2) does, with namespace `flags`. Returns 0 in the child.
+///
+/// # Safety
+/// The caller must be single-threaded (no lock held by another thread can be inherited), and the
+/// child must only make system calls on data prepared before the call, then `_exit` or `execve`.
+pub unsafe fn clone_fork(flags: libc::c_int) -> Result<i32, Errno> {
+    // SAFETY: with a NULL stack clone(2) continues the child on a copy of our stack, like fork;
+    // the caller guarantees the single-threaded precondition stated above.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            0 as libc::c_ulong,
+        )
+    };
+    Errno::result(r).map(|p| p as i32)
+}
+
+/// struct mount_attr (linux/mount.h).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+pub const OPEN_TREE_CLONE: u32 = 1;
+pub const AT_RECURSIVE: u32 = 0x8000;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+
+/// open_tree(OPEN_TREE_CLONE | AT_RECURSIVE): a detached copy of the mount tree at `path`.
+pub fn clone_tree(path: &CStr) -> Result<OwnedFd, Errno> {
+    // SAFETY: `path` is NUL-terminated and outlives the call; the other arguments are integers.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | AT_RECURSIVE,
+        )
+    };
+    let fd = Errno::result(fd)? as RawFd;
+    // SAFETY: on success open_tree returns a new fd that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// mount_setattr(AT_RECURSIVE) on a mount fd: set `set` on the whole tree.
+pub fn set_tree_attrs(tree: BorrowedFd<'_>, set: u64) -> Result<(), Errno> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `attr` is a live, correctly sized mount_attr; the path is a static empty string
+    // used with AT_EMPTY_PATH, so only the borrowed fd is used.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as u32 | AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(rc).map(drop)
+}
+
+/// move_mount(2): attach the detached tree `tree` at `dst`.
+pub fn attach_tree(tree: BorrowedFd<'_>, dst: &CStr) -> Result<(), Errno> {
+    // SAFETY: `dst` is NUL-terminated and outlives the call; the source path is a static empty
+    // string used with MOVE_MOUNT_F_EMPTY_PATH, so only the borrowed fd is used.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            dst.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    Errno::result(rc).map(drop)
+}
+
+/// pivot_root(2).
+pub fn pivot_root(new_root: &CStr, put_old: &CStr) -> Result<(), Errno> {
+    // SAFETY: both paths are NUL-terminated and outlive the call.
+    let rc = unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) };
+    Errno::result(rc).map(drop)
+}
+
+/// Clear the permitted, effective and inheritable capability sets (capset(2), version 3).
+pub fn clear_capabilities() -> Result<(), Errno> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut hdr = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: `hdr` and `data` are live and laid out as the kernel's v3 header and two-element
+    // data array; the kernel only reads `data`.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) };
+    Errno::result(rc).map(drop)
+}
+
+/// Make the effective capability set equal to the permitted one (after a uid change with
+/// PR_SET_KEEPCAPS, which keeps permitted but clears effective).
+pub fn restore_effective_caps() -> Result<(), Errno> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut hdr = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: `hdr` and `data` are live and laid out as the kernel's v3 header and two-element
+    // data array, which capget fills.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut hdr as *mut Header, data.as_mut_ptr()) };
+    Errno::result(rc)?;
+    for d in &mut data {
+        d.effective = d.permitted;
+    }
+    // SAFETY: as above; capset only reads `data`.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) };
+    Errno::result(rc).map(drop)
+}
+
+/// prctl with integer arguments.
+pub fn prctl(op: libc::c_int, a: libc::c_ulong, b: libc::c_ulong) -> Result<i32, Errno> {
+    // SAFETY: every prctl used here (securebits, capbset, ambient, no_new_privs, dumpable,
+    // pdeathsig) takes integers only and touches no memory of ours.
+    Errno::result(unsafe { libc::prctl(op, a, b, 0 as libc::c_ulong, 0 as libc::c_ulong) })
+}
+
+/// Bring the loopback interface up (SIOCGIFFLAGS / SIOCSIFFLAGS on a datagram socket).
+pub fn loopback_up() -> Result<(), Errno> {
+    // SAFETY: socket(2) with integer arguments.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    let s = Errno::result(s)?;
+    // SAFETY: `s` was just returned by socket(2) and is owned by nobody else.
+    let s = unsafe { OwnedFd::from_raw_fd(s) };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, b) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *d = *b as libc::c_char;
+    }
+    // SAFETY: `req` is a live ifreq with a NUL-terminated name; the kernel fills ifru_flags.
+    Errno::result(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) })?;
+    // SAFETY: SIOCGIFFLAGS succeeded, so the flags member of the union is the one set.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: as above; the kernel reads the name and flags.
+    Errno::result(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req) }).map(drop)
+}
+
+/// _exit(2).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit has no preconditions; it does not return.
+    unsafe { libc::_exit(code) }
+}
+
+/// sigtimedwait(2) on `set`: Ok(None) on timeout; else (signal, si_code, si_pid).
+pub fn sigtimedwait(
+    set: &nix::sys::signal::SigSet,
+    timeout: Option<std::time::Duration>,
+) -> Result<Option<(i32, i32)>, Errno> {
+    let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `set` is a valid sigset_t, `info` a writable siginfo_t, `tsp` NULL or a live
+    // timespec, all for the duration of the call.
+    let rc = unsafe { libc::sigtimedwait(set.as_ref(), info.as_mut_ptr(), tsp) };
+    match Errno::result(rc) {
+        Ok(sig) => {
+            // SAFETY: sigtimedwait succeeded, so the kernel filled `info`.
+            let info = unsafe { info.assume_init() };
+            Ok(Some((sig, info.si_code)))
+        }
+        Err(Errno::EAGAIN) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Close every fd from `first` up (close_range(2)).
+pub fn close_from(first: u32) {
+    // SAFETY: close_range with integer arguments; the caller no longer uses any fd >= first.
+    let _ = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+}

@@ -1,0 +1,256 @@
+//! Building the proc's root, run by init (pid 1 of the new pid namespace, root of the new user
+//! namespace, single-threaded) step by step as [`Plan::steps`] lists them. Each step either
+//! succeeds or returns the errno with its index, which the supervisor turns into one line.
+use crate::plan::{Plan, StageError, Step, BUILD_ROOT};
+use crate::sys;
+use nix::errno::Errno;
+use nix::fcntl::{open, OFlag};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::stat::Mode;
+use std::ffi::CStr;
+use std::os::fd::{AsFd, OwnedFd};
+
+fn at(step: usize, detail: usize) -> impl Fn(Errno) -> StageError {
+    move |e| StageError {
+        step: step as u32,
+        detail: detail as u32,
+        errno: e as i32,
+    }
+}
+
+/// Build the root and pivot into it. On return the process's `/` is the jail and its working
+/// directory is `/`.
+pub fn build(plan: &Plan) -> Result<(), StageError> {
+    let mut trees: Vec<OwnedFd> = Vec::with_capacity(plan.sources.len());
+    for (i, step) in plan.steps.iter().enumerate() {
+        let err = at(i, 0);
+        match step {
+            Step::Identity { uid, gid } => {
+                if nix::unistd::geteuid().as_raw() != *uid
+                    || nix::unistd::getegid().as_raw() != *gid
+                {
+                    sys::prctl(libc::PR_SET_KEEPCAPS, 1, 0).map_err(&err)?;
+                    let g = nix::unistd::Gid::from_raw(*gid);
+                    let u = nix::unistd::Uid::from_raw(*uid);
+                    nix::unistd::setresgid(g, g, g).map_err(&err)?;
+                    nix::unistd::setresuid(u, u, u).map_err(&err)?;
+                    sys::restore_effective_caps().map_err(&err)?;
+                }
+            }
+            Step::PrivateMounts => mount(
+                None::<&CStr>,
+                c"/",
+                None::<&CStr>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&CStr>,
+            )
+            .map_err(&err)?,
+            Step::CloneSources => {
+                for (j, (src, rw)) in plan.sources.iter().enumerate() {
+                    let tree = sys::clone_tree(src).map_err(at(i, j))?;
+                    let mut attrs = sys::MOUNT_ATTR_NOSUID;
+                    if !rw {
+                        attrs |= sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NODEV;
+                    }
+                    sys::set_tree_attrs(tree.as_fd(), attrs).map_err(at(i, j))?;
+                    trees.push(tree);
+                }
+            }
+            Step::BuildRoot => {
+                let root = std::ffi::CString::new(BUILD_ROOT).expect("no NUL");
+                mount(
+                    Some(c"tmpfs"),
+                    root.as_c_str(),
+                    Some(c"tmpfs"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                    Some(c"mode=0755,size=16m"),
+                )
+                .map_err(&err)?
+            }
+            Step::Dir { path, mode } => {
+                match nix::unistd::mkdir(path.as_c_str(), Mode::from_bits_truncate(*mode)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(err(e)),
+                }
+                // mkdir applies the umask; the mode is what the jail shows.
+                let _ = nix::sys::stat::fchmodat(
+                    nix::fcntl::AT_FDCWD,
+                    path.as_c_str(),
+                    Mode::from_bits_truncate(*mode),
+                    nix::sys::stat::FchmodatFlags::FollowSymlink,
+                );
+            }
+            Step::File { path } => match open(
+                path.as_c_str(),
+                OFlag::O_CREAT | OFlag::O_WRONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+                Mode::from_bits_truncate(0o644),
+            ) {
+                Ok(_) | Err(Errno::EEXIST) => {}
+                // A mount point that already exists inside an earlier bind.
+                Err(Errno::EROFS) | Err(Errno::EISDIR) => {}
+                Err(e) => return Err(err(e)),
+            },
+            Step::Symlink { target, path } => {
+                match nix::unistd::symlinkat(
+                    target.as_c_str(),
+                    nix::fcntl::AT_FDCWD,
+                    path.as_c_str(),
+                ) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(err(e)),
+                }
+            }
+            Step::Attach { index, path } => {
+                let tree = trees.get(*index).ok_or(err(Errno::EINVAL))?;
+                sys::attach_tree(tree.as_fd(), path).map_err(&err)?
+            }
+            Step::Tmpfs { path, data, flags } => mount(
+                Some(c"tmpfs"),
+                path.as_c_str(),
+                Some(c"tmpfs"),
+                MsFlags::from_bits_truncate(*flags as libc::c_ulong),
+                Some(data.as_c_str()),
+            )
+            .map_err(&err)?,
+            Step::Proc { path } => mount(
+                Some(c"proc"),
+                path.as_c_str(),
+                Some(c"proc"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&CStr>,
+            )
+            .map_err(&err)?,
+            Step::Devpts { path } => mount(
+                Some(c"devpts"),
+                path.as_c_str(),
+                Some(c"devpts"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+                Some(c"newinstance,ptmxmode=0666,mode=620"),
+            )
+            .map_err(&err)?,
+            Step::ReadOnly { path } => {
+                match mount(
+                    Some(path.as_c_str()),
+                    path.as_c_str(),
+                    None::<&CStr>,
+                    MsFlags::MS_BIND | MsFlags::MS_REC,
+                    None::<&CStr>,
+                ) {
+                    Ok(()) => {}
+                    Err(Errno::ENOENT) => continue,
+                    Err(e) => return Err(err(e)),
+                }
+                mount(
+                    None::<&CStr>,
+                    path.as_c_str(),
+                    None::<&CStr>,
+                    MsFlags::MS_BIND
+                        | MsFlags::MS_REMOUNT
+                        | MsFlags::MS_RDONLY
+                        | MsFlags::MS_NOSUID
+                        | MsFlags::MS_NODEV
+                        | MsFlags::MS_NOEXEC,
+                    None::<&CStr>,
+                )
+                .map_err(&err)?
+            }
+            Step::Write { path, data, mode } => {
+                let fd = open(
+                    path.as_c_str(),
+                    OFlag::O_CREAT | OFlag::O_WRONLY | OFlag::O_TRUNC | OFlag::O_CLOEXEC,
+                    Mode::from_bits_truncate(*mode),
+                )
+                .map_err(&err)?;
+                let mut off = 0;
+                while off < data.len() {
+                    match nix::unistd::write(&fd, &data[off..]) {
+                        Ok(n) => off += n,
+                        Err(Errno::EINTR) => {}
+                        Err(e) => return Err(err(e)),
+                    }
+                }
+            }
+            Step::Hide { path, dir } => {
+                let r = if *dir {
+                    mount(
+                        Some(c"tmpfs"),
+                        path.as_c_str(),
+                        Some(c"tmpfs"),
+                        MsFlags::MS_RDONLY
+                            | MsFlags::MS_NOSUID
+                            | MsFlags::MS_NODEV
+                            | MsFlags::MS_NOEXEC,
+                        Some(c"mode=0555,size=4k"),
+                    )
+                } else {
+                    // A file: an empty read-only file over it (its source goes before pivot).
+                    hide_file(path.as_c_str())
+                };
+                match r {
+                    Ok(()) | Err(Errno::ENOENT) | Err(Errno::ENOTDIR) => {}
+                    Err(e) => return Err(err(e)),
+                }
+            }
+            Step::Pivot => {
+                let _ = nix::unistd::unlink(EMPTY);
+                let root = std::ffi::CString::new(BUILD_ROOT).expect("no NUL");
+                nix::unistd::chdir(root.as_c_str()).map_err(&err)?;
+                // pivot_root(".", "."): the old root ends up stacked on the new one, then goes.
+                sys::pivot_root(c".", c".").map_err(&err)?;
+                umount2(c".", MntFlags::MNT_DETACH).map_err(&err)?;
+                nix::unistd::chdir(c"/").map_err(&err)?;
+            }
+            Step::RootReadOnly => mount(
+                None::<&CStr>,
+                c"/",
+                None::<&CStr>,
+                MsFlags::MS_BIND
+                    | MsFlags::MS_REMOUNT
+                    | MsFlags::MS_RDONLY
+                    | MsFlags::MS_NOSUID
+                    | MsFlags::MS_NODEV,
+                None::<&CStr>,
+            )
+            .map_err(&err)?,
+            Step::Hostname { name } => {
+                nix::unistd::sethostname(std::ffi::OsStr::new(name.to_str().unwrap_or("sigma")))
+                    .map_err(&err)?
+            }
+            Step::Loopback => sys::loopback_up().map_err(&err)?,
+        }
+    }
+    Ok(())
+}
+
+/// The empty file bound over hidden files, made in the build root and unlinked before pivot.
+const EMPTY: &CStr = c"/tmp/.sigma-empty";
+
+fn hide_file(path: &CStr) -> nix::Result<()> {
+    match open(
+        EMPTY,
+        OFlag::O_CREAT | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o444),
+    ) {
+        Ok(_) | Err(Errno::EEXIST) => {}
+        Err(e) => return Err(e),
+    }
+    mount(
+        Some(EMPTY),
+        path,
+        None::<&CStr>,
+        MsFlags::MS_BIND,
+        None::<&CStr>,
+    )?;
+    mount(
+        None::<&CStr>,
+        path,
+        None::<&CStr>,
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        None::<&CStr>,
+    )
+}

@@ -1,0 +1,220 @@
+//! The σcontainer options of `sigma-supervise` and the [`jail::JailSpec`] they describe: the
+//! standard view ([`jail::ViewOptions`]) plus the user's binds, limits and identity, with the
+//! supervisor's own state (cache, buckets, scratch) hidden wherever a bind would show it.
+#![forbid(unsafe_code)]
+
+use anyhow::{anyhow, Context as _};
+use clap::ValueEnum;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How the working directory appears in the proc's root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CwdArg {
+    /// Read-write (the proc may write where the user chose to run it).
+    Rw,
+    /// Read-only.
+    Ro,
+    /// Not shown; the proc starts in `/`.
+    None,
+}
+
+/// The proc's network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NetArg {
+    /// A network namespace with loopback only.
+    None,
+    /// The host's network (the `sigmaos` profile has no socket(2) anyway).
+    Host,
+}
+
+/// Options of the jail every proc runs in.
+#[derive(Debug, Clone, clap::Args)]
+pub struct JailOpts {
+    /// Run without the σcontainer: the proc shares the host's namespaces, files and processes,
+    /// confined by the seccomp list alone. For debugging only.
+    #[arg(long)]
+    pub no_jail: bool,
+
+    /// Show host SRC read-only at DST (default: the same path) in the proc's root (repeatable).
+    #[arg(long, value_name = "SRC[:DST]")]
+    pub bind: Vec<String>,
+
+    /// Show host SRC read-write at DST (default: the same path) (repeatable).
+    #[arg(long, value_name = "SRC[:DST]")]
+    pub bind_rw: Vec<String>,
+
+    /// How the working directory appears in the proc's root.
+    #[arg(long, value_enum, default_value_t = CwdArg::Rw)]
+    pub cwd: CwdArg,
+
+    /// The proc's network.
+    #[arg(long, value_enum, default_value_t = NetArg::None)]
+    pub net: NetArg,
+
+    /// The proc's uid inside its user namespace (its host uid is the supervisor's, or 65534
+    /// when the supervisor is root).
+    #[arg(long, value_name = "UID", default_value_t = 1000)]
+    pub uid: u32,
+
+    /// The proc's gid inside its user namespace.
+    #[arg(long, value_name = "GID", default_value_t = 1000)]
+    pub gid: u32,
+
+    /// Most processes (and threads) the proc may have at once.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub pids: u64,
+
+    /// Memory cap, e.g. 512M or 2G (needs a writable cgroup hierarchy).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory: Option<u64>,
+
+    /// CPU cap in CPUs, e.g. 0.5 (needs a writable cgroup hierarchy).
+    #[arg(long, value_name = "CPUS")]
+    pub cpus: Option<f64>,
+
+    /// When the program exits, what it left running gets SIGTERM, then SIGKILL after this many
+    /// seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    pub grace: f64,
+
+    /// Do not add Landlock as a second layer.
+    #[arg(long, hide = true)]
+    pub no_landlock: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|n| *n >= 1 << 20)
+        .ok_or_else(|| format!("`{s}`: a size of at least 1M, like 512M or 2G"))
+}
+
+fn parse_bind(s: &str, rw: bool) -> anyhow::Result<jail::Bind> {
+    let (src, dst) = match s.split_once(':') {
+        Some((a, b)) => (a, b),
+        None => (s, s),
+    };
+    let src = std::fs::canonicalize(src)
+        .with_context(|| format!("--bind{} {s}: source", if rw { "-rw" } else { "" }))?;
+    let dst = PathBuf::from(dst);
+    if !dst.is_absolute() {
+        return Err(anyhow!(
+            "--bind {s}: the destination must be an absolute path"
+        ));
+    }
+    let b = if rw {
+        jail::Bind::rw(src)
+    } else {
+        jail::Bind::ro(src)
+    };
+    Ok(b.at(dst))
+}
+
+/// A `file:///DIR` URL's directory.
+fn file_url_dir(url: &str) -> Option<PathBuf> {
+    url.strip_prefix("file://").map(PathBuf::from)
+}
+
+impl JailOpts {
+    /// The jail for this run, or `None` with `--no-jail` (after a warning).
+    pub fn spec(
+        &self,
+        program: &Path,
+        command: &[OsString],
+        hidden: &[PathBuf],
+    ) -> anyhow::Result<Option<jail::JailSpec>> {
+        if self.no_jail {
+            eprintln!(
+                "sigma-supervise: warning: --no-jail: the proc shares the host's files, \
+                 processes and network, confined by the seccomp list alone"
+            );
+            return Ok(None);
+        }
+        if !(self.grace >= 0.0 && self.grace < 3600.0) {
+            return Err(anyhow!("--grace must be between 0 and 3600 seconds"));
+        }
+        let cwd = std::env::current_dir().context("current dir")?;
+        let view = jail::ViewOptions {
+            program: program.to_path_buf(),
+            args: command.to_vec(),
+            cwd,
+            cwd_mode: match self.cwd {
+                CwdArg::Rw => jail::CwdMode::Rw,
+                CwdArg::Ro => jail::CwdMode::Ro,
+                CwdArg::None => jail::CwdMode::None,
+            },
+            uid: self.uid,
+            gid: self.gid,
+        };
+        let mut spec = view.spec();
+        for b in &self.bind {
+            spec.binds.push(parse_bind(b, false)?);
+        }
+        for b in &self.bind_rw {
+            spec.binds.push(parse_bind(b, true)?);
+        }
+        spec.hides.extend(
+            hidden
+                .iter()
+                .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())),
+        );
+        spec.net = match self.net {
+            NetArg::None => jail::Net::Loopback,
+            NetArg::Host => jail::Net::Host,
+        };
+        spec.limits = jail::Limits {
+            pids: Some(self.pids),
+            memory: self.memory,
+            cpus: self.cpus,
+        };
+        spec.landlock = !self.no_landlock;
+        spec.grace = Duration::from_secs_f64(self.grace);
+        Ok(Some(spec))
+    }
+}
+
+/// Host paths that are the supervisor's and never the proc's: the cache root (every realm's
+/// libraries and scratch), `file://` buckets, the embedded server's scratch.
+pub fn supervisor_paths(
+    cache_dir: Option<&Path>,
+    bucket: Option<&str>,
+    s3_dir: Option<&str>,
+    scratch: Option<&Path>,
+) -> Vec<PathBuf> {
+    let mut v = vec![cache_dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(fetcher::default_cache_root)];
+    v.extend(bucket.and_then(file_url_dir));
+    v.extend(s3_dir.and_then(file_url_dir));
+    v.extend(scratch.map(Path::to_path_buf));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_binds_parse() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert!(parse_size("12").is_err());
+        assert!(parse_size("x").is_err());
+        let b = parse_bind("/usr:/opt/u", false).unwrap();
+        assert_eq!(
+            (b.src.as_path(), b.dst.as_path(), b.rw),
+            (Path::new("/usr"), Path::new("/opt/u"), false)
+        );
+        assert!(parse_bind("/usr:rel", true).is_err());
+        assert!(parse_bind("/no/such/src", true).is_err());
+    }
+}
