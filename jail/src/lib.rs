@@ -20,6 +20,7 @@
 //! optional cgroup. Nothing here decides syscalls; that is the supervisor's filter.
 #![deny(unsafe_code)]
 
+mod idmap;
 pub mod init;
 pub mod limits;
 mod plan;
@@ -45,6 +46,9 @@ pub struct Bind {
     pub rw: bool,
     /// Skip silently when `src` does not exist (standard binds such as `/lib32`).
     pub optional: bool,
+    /// With a root supervisor: show files owned by host root as the proc's own (an idmapped
+    /// mount; see `idmap.rs`). For the user's own directories (working dir, script, --bind).
+    pub idmap: bool,
 }
 
 impl Bind {
@@ -55,6 +59,7 @@ impl Bind {
             src,
             rw: false,
             optional: false,
+            idmap: false,
         }
     }
     pub fn rw(src: impl Into<PathBuf>) -> Bind {
@@ -69,6 +74,10 @@ impl Bind {
     }
     pub fn optional(mut self) -> Bind {
         self.optional = true;
+        self
+    }
+    pub fn idmapped(mut self) -> Bind {
+        self.idmap = true;
         self
     }
 }

@@ -133,6 +133,9 @@ pub struct Plan {
     pub sources: Vec<(CString, bool)>,
     /// Bind destinations inside the jail (for error messages and Landlock).
     pub source_dsts: Vec<PathBuf>,
+    /// Whether each source wants an idmapped mount, and the trees the supervisor prepared.
+    pub idmap: Vec<bool>,
+    pub premade: Vec<Option<std::os::fd::OwnedFd>>,
     /// `/proc/<pid>/uid_map` and `gid_map` lines.
     pub uid_map: String,
     pub gid_map: String,
@@ -237,6 +240,7 @@ impl JailSpec {
 
         let mut sources = Vec::new();
         let mut source_dsts = Vec::new();
+        let mut idmap = Vec::new();
         let mut symlinks: Vec<_> = self.symlinks.iter().collect();
         symlinks.sort_by_key(|(d, _)| d.components().count());
         for (dst, target) in symlinks {
@@ -292,7 +296,10 @@ impl JailSpec {
             });
             sources.push((cstr(&b.src)?, b.rw));
             source_dsts.push(b.dst.clone());
+            idmap.resize(sources.len() - 1, false);
+            idmap.push(b.idmap);
         }
+        idmap.resize(sources.len(), false);
         for d in &self.dirs {
             check_abs(d)?;
             tree.parents(d, &mut steps)?;
@@ -359,8 +366,10 @@ impl JailSpec {
             gid_map: format!("{} {} 1\n", self.gid, self.host_gid),
             spec: self,
             steps,
+            premade: (0..sources.len()).map(|_| None).collect(),
             sources,
             source_dsts,
+            idmap,
             workdir,
         })
     }

@@ -238,3 +238,28 @@ pub fn close_from(first: u32) {
     // SAFETY: close_range with integer arguments; the caller no longer uses any fd >= first.
     let _ = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
 }
+
+pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// mount_setattr(AT_RECURSIVE, MOUNT_ATTR_IDMAP) with the user namespace `userns`.
+pub fn idmap_tree(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> Result<(), Errno> {
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    // SAFETY: `attr` is a live, correctly sized mount_attr; the path is a static empty string
+    // used with AT_EMPTY_PATH, so only the borrowed fds are used.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as u32 | AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(rc).map(drop)
+}

@@ -171,7 +171,7 @@ impl ViewOptions {
             CwdMode::None => {}
             _ if self.cwd == Path::new("/") => {}
             mode => {
-                let b = Bind::ro(&self.cwd);
+                let b = Bind::ro(&self.cwd).idmapped();
                 s.binds.push(if mode == CwdMode::Rw {
                     Bind { rw: true, ..b }
                 } else {

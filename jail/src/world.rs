@@ -47,6 +47,12 @@ pub fn build(plan: &Plan) -> Result<(), StageError> {
             .map_err(&err)?,
             Step::CloneSources => {
                 for (j, (src, rw)) in plan.sources.iter().enumerate() {
+                    if let Some(Some(t)) = plan.premade.get(j) {
+                        trees.push(t.try_clone().map_err(|e| {
+                            at(i, j)(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+                        })?);
+                        continue;
+                    }
                     let tree = sys::clone_tree(src).map_err(at(i, j))?;
                     let mut attrs = sys::MOUNT_ATTR_NOSUID;
                     if !rw {

@@ -116,7 +116,7 @@ fn parse_bind(s: &str, rw: bool) -> anyhow::Result<jail::Bind> {
     } else {
         jail::Bind::ro(src)
     };
-    Ok(b.at(dst))
+    Ok(b.at(dst).idmapped())
 }
 
 /// A `file:///DIR` URL's directory.

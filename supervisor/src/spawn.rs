@@ -628,7 +628,8 @@ fn spawn_jailed(p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
     )
     .map_err(|e| anyhow!("{e}"))?;
     let grace = spec.grace;
-    let plan = spec.prepare().map_err(anyhow::Error::from)?;
+    let mut plan = spec.prepare().map_err(anyhow::Error::from)?;
+    plan.prepare_idmapped().map_err(|e| anyhow!("{e}"))?;
     sys::set_child_subreaper().context("PR_SET_CHILD_SUBREAPER")?;
     sys::default_disposition(Signal::SIGCHLD);
     let old_mask = handled_signals()
