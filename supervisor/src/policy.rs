@@ -97,6 +97,13 @@ impl Policy {
         &self.served
     }
 
+    /// The served directory whose read-only clone is mount `mnt_id`.
+    pub fn served_mount(&self, mnt_id: u64) -> Option<usize> {
+        self.served
+            .iter()
+            .position(|s| s.mnt_id != 0 && s.mnt_id == mnt_id)
+    }
+
     pub fn denied_paths(&self) -> &[PathBuf] {
         &self.denied
     }

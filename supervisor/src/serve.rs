@@ -21,6 +21,9 @@ pub struct Served {
     pub prefix: PathBuf,
     pub dir: PathBuf,
     pub dirfd: OwnedFd,
+    /// Mount id of the read-only clone: an fd the target got from here (an injected directory,
+    /// then used as a dirfd or cwd) is recognised by it.
+    pub mnt_id: u64,
 }
 
 impl Served {
@@ -45,7 +48,15 @@ impl Served {
                 e.desc()
             )
         })?;
-        Ok(Served { prefix, dir, dirfd })
+        let mnt_id = crate::sys::statx_fd(dirfd.as_fd(), 0, STATX_MNT_ID)
+            .map(|st| st.stx_mnt_id)
+            .unwrap_or(0);
+        Ok(Served {
+            prefix,
+            dir,
+            dirfd,
+            mnt_id,
+        })
     }
 
     /// openat2 beneath DIR. `rest` is relative and free of `..` (the policy guarantees it);
@@ -65,6 +76,22 @@ impl Served {
             e => e,
         })
     }
+}
+
+/// statx(2) mask bit for the mount id.
+pub const STATX_MNT_ID: u32 = 0x1000;
+
+/// The mount id of what the target's `fd` (or its cwd, for AT_FDCWD) refers to.
+pub fn target_mount(pid: u32, fd: i32) -> Option<u64> {
+    let link = if fd == libc::AT_FDCWD {
+        format!("/proc/{pid}/cwd")
+    } else {
+        format!("/proc/{pid}/fd/{fd}")
+    };
+    let f = std::fs::File::open(link).ok()?;
+    crate::sys::statx_fd(f.as_fd(), 0, STATX_MNT_ID)
+        .ok()
+        .map(|st| st.stx_mnt_id)
 }
 
 /// Where a served path is right now.

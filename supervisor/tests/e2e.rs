@@ -210,7 +210,7 @@ def err(f):
         f(); return "ok"
     except OSError as e:
         return errno.errorcode[e.errno]
-print("host", err(lambda: open("{host}/servedpkg/inner.py")), sorted(os.listdir("{host}")))
+print("host", err(lambda: open("{host}/servedpkg/inner.py")), err(lambda: os.listdir("{host}")))
 print("write", err(lambda: open("/sigma/lib/servedpkg/new.py", "w")))
 d = os.open("/sigma/lib/servedpkg", os.O_RDONLY | os.O_DIRECTORY)
 print("mkdir", err(lambda: os.mkdir("/sigma/lib/servedpkg/d", dir_fd=d)), err(lambda: os.mkdir("servedpkg", dir_fd=os.open("/sigma/lib", os.O_RDONLY))))
@@ -233,7 +233,7 @@ print("exec", err(lambda: subprocess.run(["/sigma/lib/servedpkg/tool.sh"])))
             "alias VALUE = 'served ok'",
             "access True False",
             &format!("size {} {}", "VALUE = 'served ok'\n".len(), "inner.py".len()),
-            "host ENOENT []",
+            "host ENOENT ENOENT",
             "write EROFS",
             "mkdir EROFS EEXIST",
             "via fd EROFS EROFS b'VALUE'",
@@ -445,31 +445,40 @@ fn sigterm_is_forwarded_to_the_child() {
 }
 
 #[test]
-fn orphaned_grandchild_stays_supervised_until_it_exits() {
+fn a_proc_ends_when_its_program_ends_leftovers_get_sigterm_then_sigkill() {
+    // The program leaves two grandchildren: one that ends on SIGTERM (and says so), one that
+    // ignores it. The run must end, both must be gone, the first must have seen SIGTERM.
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("marker");
+    let tag = format!("leftover-{}", std::process::id());
     let code = format!(
         r#"
-import os, threading, json
+import os, signal, subprocess, sys, threading
 if os.fork() == 0:
-    if os.fork() == 0:
-        threading.Event().wait(0.5)  # time.sleep needs clock_nanosleep, outside the allow-list
-        import decimal  # still notified after its parent died
-        try: os.kill(os.getpid(), 0)
-        except OSError: pass
-        open("{0}", "w").write("done")
+    def term(*_):
+        open("{0}", "w").write("sigterm")
         os._exit(0)
-    os._exit(0)
-os.wait()
-print("parent exits")
+    signal.signal(signal.SIGTERM, term)
+    open("{0}", "w").write("started")
+    while True: threading.Event().wait(1)
+subprocess.Popen([sys.executable, "-c", "import signal, threading; signal.signal(signal.SIGTERM, signal.SIG_IGN); threading.Event().wait()", "{1}"])
+while not os.path.exists("{0}"): pass
+print("program exits")
 "#,
-        marker.display()
+        marker.display(),
+        tag
     );
-    let o = run(sup().args(["python3", "-c", &code]));
-    assert_eq!(o.status.code(), Some(0));
-    assert_eq!(stdout(&o), "parent exits\n");
-    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "done");
-    assert!(stderr(&o).contains("denied kill"), "{}", stderr(&o));
+    let bind = dir.path().display().to_string();
+    let o = run(sup().args(["--bind-rw", &bind, "--grace", "0.5", "python3", "-c", &code]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "program exits\n");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "sigterm");
+    let left = Command::new("pgrep").args(["-f", &tag]).output().unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "leftover: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
 }
 
 #[test]

@@ -373,7 +373,17 @@ pub fn path_call(
         let abs = notify::path::absolute(n.pid, dirfd, &raw).inspect_err(|e| {
             info.decision = Some(Decision::Error(*e as i32));
         })?;
-        let decision = sh.policy.decide(&abs);
+        let mut decision = sh.policy.decide(&abs);
+        // Relative to a directory the supervisor served (an injected fd used as dirfd, or as
+        // cwd after fchdir): the path is below that served directory, not in the jail's tree.
+        if !raw.to_bytes().starts_with(b"/") && !sh.policy.served().is_empty() {
+            if let Some(index) =
+                crate::serve::target_mount(n.pid, dirfd).and_then(|m| sh.policy.served_mount(m))
+            {
+                let rest = abs.strip_prefix("/").unwrap_or(&abs).to_path_buf();
+                decision = Decide::Serve { index, rest };
+            }
+        }
         if info.path.is_none() && sh.timing {
             info.path = Some(abs.clone());
         }
