@@ -20,6 +20,7 @@
 //! optional cgroup. Nothing here decides syscalls; that is the supervisor's filter.
 #![deny(unsafe_code)]
 
+pub mod guard;
 mod idmap;
 pub mod init;
 pub mod limits;

@@ -122,6 +122,7 @@ pub const SHED_STAGES: &[&str] = &[
     "Landlock",
     "entering the working directory",
     "joining the cgroup",
+    "loading the jail's seccomp guard",
 ];
 
 /// A prepared jail: the spec plus its steps and the bind sources.
@@ -140,6 +141,8 @@ pub struct Plan {
     pub uid_map: String,
     pub gid_map: String,
     pub workdir: CString,
+    /// The jail's own seccomp filter (built before fork, loaded last in [`crate::shed`]).
+    pub guard: Option<crate::guard::Guard>,
 }
 
 fn cstr(p: &Path) -> Result<CString, JailError> {
@@ -371,6 +374,7 @@ impl JailSpec {
             source_dsts,
             idmap,
             workdir,
+            guard: None,
         })
     }
 }

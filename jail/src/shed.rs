@@ -1,7 +1,8 @@
 //! Shedding privilege in the target, after the root is built and before the seccomp filter: in
 //! this order, each step fatal if it fails:
 //! rlimits → securebits (no root magic, locked) → bounding set emptied → ambient cleared →
-//! permitted/effective/inheritable cleared → no_new_privs → Landlock (second, independent layer).
+//! permitted/effective/inheritable cleared → no_new_privs → Landlock (second, independent layer)
+//! → the jail's seccomp guard ([`crate::guard`]); the profile's filter comes after, in the caller.
 use crate::plan::{Plan, StageError, SHED_BASE};
 use crate::sys;
 use landlock::{
@@ -77,6 +78,9 @@ pub fn shed(plan: &Plan) -> Result<LandlockOutcome, StageError> {
         LandlockOutcome::Off
     };
     nix::unistd::chdir(plan.workdir.as_c_str()).map_err(stage(7))?;
+    if let Some(g) = &plan.guard {
+        g.load().map_err(|_| stage(9)(Errno::EINVAL))?;
+    }
     Ok(landlock)
 }
 

@@ -630,6 +630,7 @@ fn spawn_jailed(p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
     let grace = spec.grace;
     let mut plan = spec.prepare().map_err(anyhow::Error::from)?;
     plan.prepare_idmapped().map_err(|e| anyhow!("{e}"))?;
+    plan.guard = Some(jail::guard::Guard::new().context("building the jail's seccomp guard")?);
     sys::set_child_subreaper().context("PR_SET_CHILD_SUBREAPER")?;
     sys::default_disposition(Signal::SIGCHLD);
     let old_mask = handled_signals()

@@ -175,7 +175,10 @@ print(os.path.exists({root:?}) and os.listdir({root:?}))
     assert_eq!(lines[0], format!("demo_a 42 {PREFIX}/demo_a/__init__.py"));
     // The host path of the realm file: hidden (the cache root is an empty tmpfs for the target).
     assert_eq!(lines[1], "hidden");
-    assert_eq!(lines[2], "False", "the cache root does not exist for the target");
+    assert_eq!(
+        lines[2], "False",
+        "the cache root does not exist for the target"
+    );
     assert_eq!(fetched(&o), 1);
     assert!(host_file.is_file(), "installed on the host");
 
@@ -273,7 +276,10 @@ print(os.path.exists({root:?}) and os.listdir({root:?}))
     );
     assert!(lines[1].contains("'demo_a'") && lines[1].contains("'demo_b'"));
     assert_eq!(lines[2], "refused True", "EROFS");
-    assert_eq!(lines[3], "False", "the cache root does not exist for the target");
+    assert_eq!(
+        lines[3], "False",
+        "the cache root does not exist for the target"
+    );
     let err = stderr(&o);
     assert!(
         err.contains("realm r1 (") && err.contains("all 2 packages installed"),

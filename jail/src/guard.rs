@@ -1,0 +1,80 @@
+//! The jail's own seccomp filter, stacked under whatever profile the proc runs with (the
+//! kernel applies the most restrictive answer of all filters, and ERRNO outranks the profile's
+//! user-notify). It refuses, by argument, what the jail's files and terminal must never allow,
+//! whatever the profile:
+//! - setuid/setgid mode bits (`chmod` family, `open`/`creat` with `O_CREAT`, `mknod`): files the
+//!   proc writes through an idmapped bind belong to the host user on disk, and a setuid file
+//!   there would be a way out;
+//! - `openat2` (its mode is in a struct a filter cannot read): ENOSYS, so libcs fall back;
+//! - `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`: pushing input into the terminal the proc shares
+//!   with the user's shell.
+use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
+
+const SUID: u64 = libc::S_ISUID as u64;
+const SGID: u64 = libc::S_ISGID as u64;
+const O_CREAT: u64 = libc::O_CREAT as u64;
+
+/// A compiled guard, ready to load in the target.
+pub struct Guard {
+    ctx: ScmpFilterContext,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Guard")
+    }
+}
+
+fn bit(arg: u32, b: u64) -> ScmpArgCompare {
+    ScmpArgCompare::new(arg, ScmpCompareOp::MaskedEqual(b), b)
+}
+
+impl Guard {
+    /// Build the filter (before fork).
+    pub fn new() -> Result<Guard, libseccomp::error::SeccompError> {
+        let mut ctx = ScmpFilterContext::new(ScmpAction::Allow)?;
+        // No no_new_privs from libseccomp: the jail sets it itself, before.
+        ctx.set_ctl_nnp(false)?;
+        let eperm = ScmpAction::Errno(libc::EPERM);
+        let mut rule = |name: &str, action: ScmpAction, cmps: &[ScmpArgCompare]| {
+            match ScmpSyscall::from_name(name) {
+                Ok(sc) => ctx.add_rule_conditional(action, sc, cmps).map(drop),
+                // A syscall this architecture lacks (e.g. `open` on arm64) needs no rule.
+                Err(_) => Ok(()),
+            }
+        };
+        for (name, mode_arg) in [("chmod", 1), ("fchmod", 1), ("fchmodat", 2), ("creat", 1)] {
+            rule(name, eperm, &[bit(mode_arg, SUID)])?;
+            rule(name, eperm, &[bit(mode_arg, SGID)])?;
+        }
+        for (name, flags_arg, mode_arg) in [("open", 1, 2), ("openat", 2, 3)] {
+            rule(name, eperm, &[bit(flags_arg, O_CREAT), bit(mode_arg, SUID)])?;
+            rule(name, eperm, &[bit(flags_arg, O_CREAT), bit(mode_arg, SGID)])?;
+        }
+        for (name, mode_arg) in [("mknod", 1), ("mknodat", 2)] {
+            rule(name, eperm, &[bit(mode_arg, SUID)])?;
+            rule(name, eperm, &[bit(mode_arg, SGID)])?;
+        }
+        rule("openat2", ScmpAction::Errno(libc::ENOSYS), &[])?;
+        for req in [libc::TIOCSTI, libc::TIOCLINUX] {
+            // The request is an int: compare its low 32 bits.
+            let cmp = ScmpArgCompare::new(
+                1,
+                ScmpCompareOp::MaskedEqual(0xffff_ffff),
+                req as u64 & 0xffff_ffff,
+            );
+            rule("ioctl", eperm, &[cmp])?;
+        }
+        // fchmodat2 (Linux 6.6) may be unknown to this libseccomp: by number on x86_64.
+        #[cfg(target_arch = "x86_64")]
+        for b in [SUID, SGID] {
+            ctx.add_rule_conditional(eperm, ScmpSyscall::from(452), &[bit(2, b)])?;
+        }
+        Ok(Guard { ctx })
+    }
+
+    /// Load it into the calling process (no_new_privs must already be set).
+    pub fn load(&self) -> Result<(), libseccomp::error::SeccompError> {
+        self.ctx.load()
+    }
+}
