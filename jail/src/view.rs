@@ -152,19 +152,26 @@ impl ViewOptions {
                 push_ro(&mut s, prefix);
             }
         }
-        // Scripts and other files named on the command line: their directory, read-only.
-        for a in self.args.iter().skip(1) {
-            let p = Path::new(a);
-            let Some(abs) = absolute(p, &self.cwd) else {
-                continue;
-            };
-            if !abs.is_file() || in_system(&abs) {
-                continue;
-            }
-            let abs = std::fs::canonicalize(&abs).unwrap_or(abs);
-            match abs.parent() {
-                Some(dir) if !too_broad(dir) => push_ro(&mut s, dir.to_path_buf()),
-                _ => push_ro(&mut s, abs.clone()),
+        // The script: the first argument that is not an option, if it names a file outside the
+        // system's own trees; its directory is shown read-only (only the file itself when the
+        // directory is too broad to show).
+        if let Some(a) = self
+            .args
+            .iter()
+            .skip(1)
+            .find(|a| !a.as_encoded_bytes().starts_with(b"-"))
+        {
+            if let Some(abs) = absolute(Path::new(a), &self.cwd) {
+                let abs = std::fs::canonicalize(&abs).unwrap_or(abs);
+                let system = ["/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var"]
+                    .iter()
+                    .any(|d| abs.starts_with(d));
+                if abs.is_file() && !system && !in_system(&abs) {
+                    match abs.parent() {
+                        Some(dir) if !too_broad(dir) => push_ro(&mut s, dir.to_path_buf()),
+                        _ => push_ro(&mut s, abs.clone()),
+                    }
+                }
             }
         }
         match self.cwd_mode {
@@ -288,5 +295,11 @@ mod tests {
         assert!(String::from_utf8_lossy(&passwd.contents).contains(":1000:1000:"));
         // cwd `/` is never bound.
         assert!(s.workdir.is_none());
+        // A system file named on the command line shows nothing more.
+        let v = ViewOptions {
+            args: vec!["cat".into(), "/etc/shadow".into()],
+            ..v
+        };
+        assert!(!v.spec().binds.iter().any(|b| b.src == Path::new("/etc")));
     }
 }

@@ -229,6 +229,10 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         prepared.hide_also(&r.root)?;
     }
     let child = spawn::spawn(prepared)?;
+    // Our memory holds credentials and our /proc files lead to the host: not dumpable, so no
+    // process of the user's (a proc included) can read or ptrace them. (Only now: the jail's
+    // id maps are written through our child's /proc files, which dumpability guards too.)
+    let _ = nix::sys::prctl::set_dumpable(false);
     api.start();
     // Threads (the fetch runtime) only after fork; the child waits for `go`.
     let resolver: Box<dyn serve::Resolver> = match realm {

@@ -586,6 +586,9 @@ fn jailed_target(
     let _ = old_mask.thread_set_mask();
     sys::default_disposition(Signal::SIGPIPE);
     let _ = sys::set_parent_death_kill();
+    // The supervisor takes our listener with pidfd_getfd, which needs us dumpable (execve
+    // decides afresh for the program).
+    let _ = nix::sys::prctl::set_dumpable(true);
     if let Err(e) = jail::shed::shed(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
         sys::exit_child(125)
@@ -656,9 +659,13 @@ fn spawn_jailed(p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
         drop(go_tx);
         drop(exec_rx);
         let _ = sys::set_parent_death_kill();
+        // Dumpable only until the supervisor has written the id maps, which it does through
+        // our /proc files; then nobody in the jail may read init's memory (a copy of the
+        // supervisor's) or its /proc files.
         if !wait_byte(&maps_rx) {
             sys::exit_child(125)
         }
+        let _ = nix::sys::prctl::set_dumpable(false);
         drop(maps_rx);
         if let Err(e) = jail::world::build(&plan) {
             jsend(&status_tx, J_JAIL_STAGE, e.step, e.detail, e.errno);
