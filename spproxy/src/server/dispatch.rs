@@ -14,13 +14,13 @@ use crate::proto::*;
 use crate::rpc::Request;
 
 use super::conn::Conn;
-use super::dirent;
 use super::fds::{self, DirSource, Handle};
 use super::paths::{self, Target};
 use super::procstate::Identity;
 use super::reply::*;
 use super::waiters::{self, Wait};
 use super::{lock, Inner};
+use crate::dirent;
 
 /// Bytes a reply adds around its data frame.
 const REPLY_OVERHEAD: u64 = 256;

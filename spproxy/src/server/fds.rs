@@ -11,9 +11,9 @@ use std::os::unix::fs::FileExt;
 use crate::consts::*;
 use crate::proto::Rerror;
 
-use super::dirent;
 use super::reply::{bad_offset, io_rerr, no_space, rerr, unknown_fd};
 use super::Quota;
+use crate::dirent;
 
 /// Where a directory's entries come from.
 #[derive(Clone, Debug)]

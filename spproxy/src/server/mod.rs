@@ -13,7 +13,6 @@
 //!   parked on one waiter thread, however many there are.
 
 mod conn;
-pub mod dirent;
 mod dispatch;
 mod fds;
 mod objects;
