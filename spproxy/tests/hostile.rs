@@ -277,7 +277,11 @@ fn ten_thousand_waiting_opens_keep_the_thread_count() {
         std::thread::sleep(Duration::from_millis(10));
     }
     // (Threads of earlier tests' connections may still be ending: never more.)
-    assert!(threads() <= threads0, "{} threads, {threads0} before", threads());
+    assert!(
+        threads() <= threads0,
+        "{} threads, {threads0} before",
+        threads()
+    );
     let grown = status_kb("VmRSS:").saturating_sub(rss0);
     assert!(grown < 64 * 1024, "RSS grew by {grown} kB for {N} waiters");
     // Other clients are served while they wait.
