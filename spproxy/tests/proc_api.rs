@@ -75,7 +75,7 @@ fn wait_evict_returns_when_the_realm_is_evicted() {
     thread::sleep(Duration::from_millis(50));
     assert!(!w.is_finished());
     assert_eq!(r.server.waiting(), 1);
-    r.server.evict();
+    assert!(r.server.evict(), "a proc was waiting for eviction");
     w.join().unwrap().unwrap();
     // Once evicted, WaitEvict returns at once.
     cl.wait_evict().unwrap();
@@ -243,7 +243,7 @@ fn reply_shapes_the_go_client_accepts() {
     assert_eq!(f.len(), 2);
     assert_eq!(f[1], [0x0a, 0x00]);
     // WaitEvict (once evicted): the same shape.
-    r.server.evict();
+    assert!(!r.server.evict(), "nobody was waiting");
     let f = raw_call(&r, api::WAIT_EVICT, SigmaNullReq {});
     assert_eq!(f.len(), 2);
     assert_eq!(f[1], [0x0a, 0x00]);

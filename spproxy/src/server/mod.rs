@@ -175,6 +175,8 @@ struct Inner {
     procs: procstate::Registry,
     waiters: waiters::Waiters,
     evicted: AtomicBool,
+    /// WaitEvict calls parked now.
+    evict_waiting: AtomicUsize,
     connections: AtomicUsize,
 }
 
@@ -213,6 +215,7 @@ impl Server {
                 procs: procstate::Registry::default(),
                 waiters: waiters::Waiters::default(),
                 evicted: AtomicBool::new(false),
+                evict_waiting: AtomicUsize::new(0),
                 connections: AtomicUsize::new(0),
             }),
         })
@@ -243,10 +246,12 @@ impl Server {
         self.inner.waiters.len()
     }
 
-    /// Evicts the realm's procs: every `WaitEvict`, parked or later, returns.
-    pub fn evict(&self) {
+    /// Evicts the realm's procs: every `WaitEvict`, parked or later, returns. Returns
+    /// whether some proc was waiting for eviction (and so will exit by itself).
+    pub fn evict(&self) -> bool {
         self.inner.evicted.store(true, Ordering::SeqCst);
         self.inner.waiters.wake();
+        self.inner.evict_waiting.load(Ordering::SeqCst) > 0
     }
 
     pub fn is_evicted(&self) -> bool {

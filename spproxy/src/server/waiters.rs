@@ -63,6 +63,9 @@ impl Waiters {
 /// Parks a call; the waiter thread answers it on `conn` when it can complete.
 pub fn park(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, wait: Wait) {
     conn.waiting.fetch_add(1, Ordering::SeqCst);
+    if matches!(wait, Wait::Evict) {
+        inner.evict_waiting.fetch_add(1, Ordering::SeqCst);
+    }
     let start = {
         let mut st = lock(&inner.waiters.state);
         st.parked.push(Parked {
@@ -109,9 +112,15 @@ fn run(weak: Weak<Inner>) {
         let mut done = 0usize;
         // Paths found missing in this pass: the other waiters on them need not look again.
         let mut missing: HashSet<String> = HashSet::new();
+        let finish = |p: &Parked| {
+            p.conn.waiting.fetch_sub(1, Ordering::SeqCst);
+            if matches!(p.wait, Wait::Evict) {
+                inner.evict_waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+        };
         for p in batch {
             if p.conn.is_closed() {
-                p.conn.waiting.fetch_sub(1, Ordering::SeqCst);
+                finish(&p);
                 done += 1;
                 continue;
             }
@@ -124,7 +133,7 @@ fn run(weak: Weak<Inner>) {
             match try_complete(&inner, &p) {
                 Some(frames) => {
                     p.conn.push(p.seqno, frames);
-                    p.conn.waiting.fetch_sub(1, Ordering::SeqCst);
+                    finish(&p);
                     done += 1;
                 }
                 None => {
