@@ -493,3 +493,39 @@ fn per_connection_fd_and_memory_bounds() {
     );
     assert_serves(&r);
 }
+
+#[test]
+fn parked_calls_per_connection_are_bounded() {
+    let _serial = serial();
+    let r = realm_with(ServerLimits {
+        max_waiters: 4,
+        ..ServerLimits::default()
+    });
+    let cl = Arc::new(connect(&r));
+    let hs: Vec<_> = (0..4)
+        .map(|i| {
+            let cl = cl.clone();
+            std::thread::spawn(move || cl.open(&format!("name/ux/~local/later{i}"), OREAD, O_WAIT))
+        })
+        .collect();
+    let t = Instant::now();
+    while r.server.waiting() < 4 {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The fifth is answered at once, not parked.
+    assert_eq!(
+        code(cl.open("name/ux/~local/later9", OREAD, O_WAIT).unwrap_err()),
+        ECODE_NOMEM
+    );
+    assert_eq!(code(cl.wait_evict().unwrap_err()), ECODE_NOMEM);
+    // Another connection has its own bound.
+    assert_serves(&r);
+    for i in 0..4 {
+        std::fs::write(r.scratch.join(format!("later{i}")), b"").unwrap();
+    }
+    for h in hs {
+        h.join().unwrap().unwrap();
+    }
+    assert_eq!(r.server.waiting(), 0);
+}

@@ -75,7 +75,8 @@ pub struct ServerLimits {
     pub conn_memory: u64,
     /// Open fds per connection.
     pub max_fds: usize,
-    /// Parked blocking calls per connection.
+    /// Parked blocking calls per connection (each holds its path, at most 4 KiB: the
+    /// default bounds a connection's parked calls to 64 MiB).
     pub max_waiters: usize,
     /// Connections a bound [`Listener`] serves at once; more are closed at accept.
     pub max_connections: usize,
@@ -88,7 +89,7 @@ impl Default for ServerLimits {
             scratch_quota: 1 << 30,
             conn_memory: 256 << 20,
             max_fds: 4096,
-            max_waiters: 65536,
+            max_waiters: 16384,
             max_connections: 256,
         }
     }
