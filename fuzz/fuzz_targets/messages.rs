@@ -36,7 +36,14 @@ fn replies(m: &frame::Message) {
     macro_rules! each {
         ($($t:ty),*) => {$( let _ = rpc::decode_reply::<$t>(m.frames.clone()); )*};
     }
-    each!(SigmaErrRep, SigmaStatRep, SigmaFdRep, SigmaSizeRep, SigmaDataRep, SigmaClntIdRep);
+    each!(
+        SigmaErrRep,
+        SigmaStatRep,
+        SigmaFdRep,
+        SigmaSizeRep,
+        SigmaDataRep,
+        SigmaClntIdRep
+    );
 }
 
 fuzz_target!(|data: &[u8]| {
