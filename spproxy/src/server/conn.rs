@@ -1,7 +1,7 @@
-//! A connection: the reader (framing, bounded by the limits, one request at a time), a
-//! writer thread draining a bounded outbox, the fd table and the proc's identity. Replies of
-//! parked calls come from the waiter thread through the same outbox, so a client that stops
-//! reading stalls only itself.
+//! A connection: the reader (framing, bounded by the limits, one request at a time) writes
+//! each reply itself; replies of parked calls come from the waiter thread through an outbox
+//! drained by the connection's writer thread, so the waiter thread never blocks on a client
+//! that stops reading (which stalls only its own connection). One lock orders the writes.
 
 use std::collections::VecDeque;
 use std::io::{self, BufReader};
@@ -23,24 +23,25 @@ use super::{dispatch, lock, Inner, ServerError};
 /// A peer that accepts no reply bytes for this long is dropped.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Replies of parked calls, for the writer thread (at most one per parked call).
 #[derive(Default)]
 struct Outbox {
     queue: VecDeque<Vec<u8>>,
-    bytes: usize,
     closed: bool,
 }
 
 pub struct Conn {
+    /// The socket, for writes; `wlock` keeps one message's bytes together.
+    sock: UnixStream,
+    wlock: Mutex<()>,
     out: Mutex<Outbox>,
-    /// Signalled when the outbox gains a message or closes (the writer waits on it) and
-    /// when it drains (a reader over its budget waits on it).
+    /// Signalled when the outbox gains a message or closes (the writer waits on it).
     out_cv: Condvar,
     pub fds: Mutex<FdTable>,
     pub ident: Mutex<Option<Identity>>,
     closed: AtomicBool,
     /// Calls parked on the waiter thread.
     pub waiting: AtomicUsize,
-    out_budget: usize,
 }
 
 impl Conn {
@@ -55,20 +56,18 @@ impl Conn {
         if o.closed {
             return;
         }
-        o.bytes += buf.len();
         o.queue.push_back(buf);
         self.out_cv.notify_all();
     }
 
-    /// Queues a reply, first waiting while the unsent replies exceed the budget.
-    fn push_bounded(&self, seqno: u64, frames: Frames) {
-        {
-            let mut o = lock(&self.out);
-            while !o.closed && o.bytes > self.out_budget {
-                o = self.out_cv.wait(o).unwrap_or_else(|p| p.into_inner());
-            }
+    /// Writes a reply now, on the calling (reader) thread: no thread handoff per call.
+    fn send_now(&self, seqno: u64, frames: Frames) {
+        let buf = frame::encode(seqno, &frames);
+        let _w = lock(&self.wlock);
+        if write_all(&self.sock, &buf).is_err() {
+            self.close();
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
         }
-        self.push(seqno, frames);
     }
 
     fn close(&self) {
@@ -78,14 +77,12 @@ impl Conn {
     }
 }
 
-fn writer(conn: &Conn, s: &UnixStream) {
+fn writer(conn: &Conn) {
     loop {
         let buf = {
             let mut o = lock(&conn.out);
             loop {
                 if let Some(b) = o.queue.pop_front() {
-                    o.bytes -= b.len();
-                    conn.out_cv.notify_all();
                     break b;
                 }
                 if o.closed {
@@ -94,9 +91,10 @@ fn writer(conn: &Conn, s: &UnixStream) {
                 o = conn.out_cv.wait(o).unwrap_or_else(|p| p.into_inner());
             }
         };
-        if write_all(s, &buf).is_err() {
+        let _w = lock(&conn.wlock);
+        if write_all(&conn.sock, &buf).is_err() {
             conn.close();
-            let _ = s.shutdown(std::net::Shutdown::Both);
+            let _ = conn.sock.shutdown(std::net::Shutdown::Both);
             return;
         }
     }
@@ -119,23 +117,29 @@ fn write_all(s: &UnixStream, mut buf: &[u8]) -> io::Result<()> {
 pub fn serve(inner: &Arc<Inner>, s: UnixStream) -> Result<(), ServerError> {
     let lim = &inner.cfg.limits;
     inner.connections.fetch_add(1, Ordering::SeqCst);
-    let budget = usize::try_from(lim.conn_memory).unwrap_or(usize::MAX);
+    let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
+    let ws = match s.try_clone() {
+        Ok(ws) => ws,
+        Err(e) => {
+            inner.connections.fetch_sub(1, Ordering::SeqCst);
+            return Err(e.into());
+        }
+    };
     let conn = Arc::new(Conn {
+        sock: ws,
+        wlock: Mutex::new(()),
         out: Mutex::new(Outbox::default()),
         out_cv: Condvar::new(),
         fds: Mutex::new(FdTable::new(lim.max_fds, lim.conn_memory)),
         ident: Mutex::new(None),
         closed: AtomicBool::new(false),
         waiting: AtomicUsize::new(0),
-        out_budget: budget,
     });
     let res = (|| {
-        let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
-        let ws = s.try_clone()?;
         let wconn = conn.clone();
         let wthread = std::thread::Builder::new()
             .name("spproxy-write".into())
-            .spawn(move || writer(&wconn, &ws))?;
+            .spawn(move || writer(&wconn))?;
         let limits = Limits {
             max_frames: 4096,
             max_frame_len: lim.max_frame,
@@ -150,7 +154,7 @@ pub fn serve(inner: &Arc<Inner>, s: UnixStream) -> Result<(), ServerError> {
                 Ok(Some(m)) => {
                     let seqno = m.seqno;
                     if let Some(frames) = dispatch::handle(inner, &conn, m) {
-                        conn.push_bounded(seqno, frames);
+                        conn.send_now(seqno, frames);
                     }
                 }
                 Ok(None) => break Ok(()),

@@ -250,9 +250,11 @@ impl Server {
     /// Evicts the realm's procs: every `WaitEvict`, parked or later, returns. Returns
     /// whether some proc was waiting for eviction (and so will exit by itself).
     pub fn evict(&self) -> bool {
+        // Counted before the flag is set: the waiter thread may answer them at once after.
+        let waiting = self.inner.evict_waiting.load(Ordering::SeqCst) > 0;
         self.inner.evicted.store(true, Ordering::SeqCst);
         self.inner.waiters.wake();
-        self.inner.evict_waiting.load(Ordering::SeqCst) > 0
+        waiting
     }
 
     pub fn is_evicted(&self) -> bool {
