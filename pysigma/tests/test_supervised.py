@@ -341,3 +341,33 @@ def test_scratch_quota_option(host: Host) -> None:
     assert "no space left on device" in r.stdout, r.stdout
     assert r.stdout.endswith("ok\n")
     assert (host.scratch / "q").stat().st_size == 1001
+
+
+def test_hostile_proc_cannot_take_the_supervisor_down(host: Host) -> None:
+    """A proc attacking its realm server: offsets that overflow, then a frame announcing 1 GiB on
+    the raw socket. The supervisor stays up, answers until the bad frame, closes only that
+    connection, and reports the proc's own exit status."""
+    code = textwrap.dedent(
+        f"""
+        import os, struct, pysigma
+        f = pysigma.create("{UX}/h", 0o644, pysigma.ORDWR)
+        for off in (2**64 - 1, 2**40):
+            f.seek(off)
+            try:
+                f.write(b"x")
+                print("written at", off)
+            except pysigma.SigmaError as e:
+                print("refused", type(e).__name__)
+        f.close()
+        pysigma.put_file("{UX}/still", b"alive")
+        print(pysigma.get_file("{UX}/still").decode())
+        fd = int(os.environ["SIGMA_SPPROXY_FD"])
+        os.write(fd, struct.pack("<QII", 99, 1, (1 << 30) + 4) + bytes(4096))
+        print("closed" if os.read(fd, 1) == b"" else "answered")
+        raise SystemExit(7)
+        """
+    )
+    r = host.run(code=code)
+    assert r.returncode == 7, r.stderr
+    assert r.stdout.splitlines() == ["refused SigmaError", "refused SigmaError", "alive", "closed"]
+    assert (host.scratch / "h").stat().st_size == 0
