@@ -529,3 +529,35 @@ fn parked_calls_per_connection_are_bounded() {
     }
     assert_eq!(r.server.waiting(), 0);
 }
+
+#[test]
+fn a_bound_socket_serves_at_most_max_connections() {
+    let _serial = serial();
+    let r = realm_with(ServerLimits {
+        max_connections: 2,
+        ..ServerLimits::default()
+    });
+    let sock = r.dir.path().join("spproxyd.sock");
+    let listener = r.server.bind(&sock).unwrap();
+    let a = Client::connect(&sock, None).unwrap();
+    let b = Client::connect(&sock, None).unwrap();
+    a.stat("name/ux/~local").unwrap();
+    b.stat("name/ux/~local").unwrap();
+    // A third is closed at accept (its Init fails), the first two carry on.
+    assert!(Client::connect(&sock, None).is_err());
+    a.stat("name/ux/~local").unwrap();
+    // Once one goes away, a new connection is served again.
+    drop(b);
+    let t = Instant::now();
+    let c = loop {
+        match Client::connect(&sock, None) {
+            Ok(c) => break c,
+            Err(_) if t.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    c.stat("name/ux/~local").unwrap();
+    listener.shutdown();
+}
