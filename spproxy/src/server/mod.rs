@@ -308,7 +308,7 @@ impl Server {
                     let Ok(s) = s else { continue };
                     let n = srv.inner.connections.load(Ordering::SeqCst);
                     if n >= srv.inner.cfg.limits.max_connections {
-                        tracing_free_log(&format!(
+                        log_refusal(&format!(
                             "spproxy: refusing a connection: {n} already served"
                         ));
                         drop(s);
@@ -327,7 +327,7 @@ impl Server {
 }
 
 /// The crate has no logging dependency: refusals are rare and go to stderr.
-fn tracing_free_log(msg: &str) {
+fn log_refusal(msg: &str) {
     eprintln!("{msg}");
 }
 
