@@ -21,6 +21,10 @@ bench:
     cargo bench
     python3 scripts/bench-import.py
 
+# Each libFuzzer target (fuzz/) for FUZZ_SECONDS (default 60) from the golden-vector seeds.
+fuzz:
+    scripts/fuzz
+
 # Build the pysigma abi3 wheel into target/wheels.
 wheel:
     python3 -m maturin build --release -m pysigma/Cargo.toml -o target/wheels

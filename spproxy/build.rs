@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/sigmap.proto",
         "proto/proc.proto",
         "proto/spproxy.proto",
+        "proto/watch.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

@@ -213,6 +213,58 @@ impl Client {
         Ok(Stat::from(st))
     }
 
+    /// Blocks until the realm evicts this proc (σOS's WaitEvict); the proc should then
+    /// call `exited(STATUS_EVICTED)`.
+    fn wait_evict(&self, py: Python<'_>) -> PyResult<()> {
+        let c = &self.inner;
+        call(py, || c.wait_evict())
+    }
+
+    /// The entries of directory `path` (σOS's GetDir), as `Stat`s.
+    fn get_dir(&self, py: Python<'_>, path: String) -> PyResult<Vec<Stat>> {
+        let c = &self.inner;
+        let ents = call(py, || c.get_dir(&path))?;
+        Ok(ents.into_iter().map(Stat::from).collect())
+    }
+
+    /// The entries of the directory open at `fd`, read from its offset to the end.
+    fn read_dir_fd(&self, py: Python<'_>, fd: u32) -> PyResult<Vec<Stat>> {
+        let c = &self.inner;
+        let ents = call(py, || c.read_dir(fd))?;
+        Ok(ents.into_iter().map(Stat::from).collect())
+    }
+
+    /// σOS's DirWatch on the directory open at `fd`: returns a watch fd for `read_watch_fd`.
+    fn dir_watch_fd(&self, py: Python<'_>, fd: u32) -> PyResult<u32> {
+        let c = &self.inner;
+        call(py, || c.dir_watch(fd))
+    }
+
+    /// Blocks until the watched directory changes; returns `(name, created)` pairs
+    /// (`created` False: removed).
+    fn read_watch_fd(&self, py: Python<'_>, fd: u32) -> PyResult<Vec<(String, bool)>> {
+        let c = &self.inner;
+        let ev = call(py, || c.read_watch(fd))?;
+        Ok(ev.into_iter().map(|e| (e.name, e.created)).collect())
+    }
+
+    /// Reads directory `path` and watches it from that listing on (σOS's
+    /// `NewDirWatcherWithRead`): returns the names and the watch fd.
+    fn dir_watch(&self, py: Python<'_>, path: String) -> PyResult<(Vec<String>, u32)> {
+        let c = &self.inner;
+        call(py, || {
+            let fd = c.open(&path, spproxy::consts::OREAD, false)?;
+            let r = c.read_dir(fd).and_then(|ents| {
+                let w = c.dir_watch(fd)?;
+                Ok((ents.into_iter().map(|s| s.name).collect(), w))
+            });
+            let closed = c.close_fd(fd);
+            let out = r?;
+            closed?;
+            Ok(out)
+        })
+    }
+
     /// Creates `path` and opens it with `mode`; returns the open file.
     #[pyo3(signature = (path, perm = 0o777, mode = spproxy::consts::OWRITE), text_signature = "($self, path, perm=0o777, mode=1)")]
     fn create(slf: &Bound<'_, Self>, path: String, perm: u32, mode: u32) -> PyResult<File> {
@@ -544,6 +596,36 @@ fn stat(py: Python<'_>, path: String) -> PyResult<Stat> {
 }
 
 #[pyfunction]
+fn wait_evict(py: Python<'_>) -> PyResult<()> {
+    with_default!(py, |c| c.wait_evict(py))
+}
+
+#[pyfunction]
+fn get_dir(py: Python<'_>, path: String) -> PyResult<Vec<Stat>> {
+    with_default!(py, |c| c.get_dir(py, path))
+}
+
+#[pyfunction]
+fn read_dir_fd(py: Python<'_>, fd: u32) -> PyResult<Vec<Stat>> {
+    with_default!(py, |c| c.read_dir_fd(py, fd))
+}
+
+#[pyfunction]
+fn dir_watch_fd(py: Python<'_>, fd: u32) -> PyResult<u32> {
+    with_default!(py, |c| c.dir_watch_fd(py, fd))
+}
+
+#[pyfunction]
+fn read_watch_fd(py: Python<'_>, fd: u32) -> PyResult<Vec<(String, bool)>> {
+    with_default!(py, |c| c.read_watch_fd(py, fd))
+}
+
+#[pyfunction]
+fn dir_watch(py: Python<'_>, path: String) -> PyResult<(Vec<String>, u32)> {
+    with_default!(py, |c| c.dir_watch(py, path))
+}
+
+#[pyfunction]
 #[pyo3(signature = (path, perm = 0o777, mode = spproxy::consts::OWRITE), text_signature = "(path, perm=0o777, mode=1)")]
 fn create(py: Python<'_>, path: String, perm: u32, mode: u32) -> PyResult<File> {
     let client = default_client(py)?;
@@ -675,6 +757,12 @@ fn _pysigma(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exited, m)?)?;
     m.add_function(wrap_pyfunction!(clnt_id, m)?)?;
     m.add_function(wrap_pyfunction!(stat, m)?)?;
+    m.add_function(wrap_pyfunction!(wait_evict, m)?)?;
+    m.add_function(wrap_pyfunction!(get_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(read_dir_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(dir_watch_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(read_watch_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(dir_watch, m)?)?;
     m.add_function(wrap_pyfunction!(create, m)?)?;
     m.add_function(wrap_pyfunction!(open, m)?)?;
     m.add_function(wrap_pyfunction!(get_file, m)?)?;

@@ -38,16 +38,24 @@ impl LocalServer {
         &self.socket
     }
 
-    /// What procs reported: `{"started": bool, "exited": (status, msg) | None, "pid": str |
-    /// None, "calls": int}`.
+    /// What the most recent proc (the last connection that called Init) reported, with the
+    /// calls served on all connections: `{"started": bool, "exited": (status, msg) | None,
+    /// "pid": str | None, "calls": int}`.
     fn proc_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let st = self.server.proc_state();
+        let calls = self.server.proc_state().calls;
+        let mut st = self.server.proc_states().pop().unwrap_or_default();
+        st.calls = calls;
         let d = PyDict::new(py);
         d.set_item("started", st.started)?;
         d.set_item("exited", st.exited)?;
         d.set_item("pid", st.pid)?;
         d.set_item("calls", st.calls)?;
         Ok(d)
+    }
+
+    /// Evicts the realm's procs: every `wait_evict()` returns. Returns whether one was waiting.
+    fn evict(&self) -> bool {
+        self.server.evict()
     }
 
     /// Stops accepting connections and removes the socket; open connections keep running.

@@ -379,3 +379,47 @@ def test_inherited_fd_from_sigma_spproxy_fd(realm: Realm) -> None:
     s.close()
     assert p.returncode == 0, p.stderr
     assert int(p.stdout) != pysigma.NO_CLNT_ID
+
+
+def test_get_dir_lists_entries(sigma: pysigma.Client, ux: str) -> None:
+    sigma.create(f"{ux}/d", pysigma.DMDIR | 0o755, pysigma.OREAD).close()
+    sigma.put_file(f"{ux}/d/a", b"12345")
+    sigma.create(f"{ux}/d/sub", pysigma.DMDIR | 0o755, pysigma.OREAD).close()
+    ents = pysigma.get_dir(f"{ux}/d")
+    assert [(s.name, s.is_dir) for s in ents] == [("a", False), ("sub", True)]
+    assert ents[0].length == 5
+    with pytest.raises(FileNotFoundError):
+        pysigma.get_dir(f"{ux}/missing")
+
+
+def test_dir_watch_reports_changes(sigma: pysigma.Client, ux: str) -> None:
+    sigma.create(f"{ux}/w", pysigma.DMDIR | 0o755, pysigma.OREAD).close()
+    sigma.put_file(f"{ux}/w/old", b"")
+    names, wfd = sigma.dir_watch(f"{ux}/w")
+    assert names == ["old"]
+    other = pysigma.connect()
+    other.put_file(f"{ux}/w/new", b"x")
+    other.remove(f"{ux}/w/old")
+    seen: list[tuple[str, bool]] = []
+    while len(seen) < 2:
+        seen += sigma.read_watch_fd(wfd)
+    assert sorted(seen) == [("new", True), ("old", False)]
+    sigma.close_fd(wfd)
+
+
+def test_wait_evict_returns_on_eviction(realm: Realm) -> None:
+    c = pysigma.connect()
+    done = threading.Event()
+
+    def wait() -> None:
+        c.wait_evict()
+        done.set()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    assert not done.wait(0.1)
+    c.stat("name/ux/~local")  # the connection still serves other calls
+    realm.server.evict()  # (the realm stays evicted: a later wait_evict returns at once)
+    assert done.wait(5)
+    t.join()
+    c.exited(pysigma.STATUS_EVICTED, "evicted")

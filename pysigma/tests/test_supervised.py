@@ -8,9 +8,11 @@ SIGMA_SUPERVISE names the supervisor binary (run.sh builds it and exports it).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -278,3 +280,94 @@ def test_target_exit_without_exited_does_not_hang(host: Host) -> None:
     assert p.returncode == 7, p.stderr
     assert exit_lines(p.stderr) == []
     assert "sigma-supervise proc: started yes, never exited, " in p.stderr
+
+
+def test_sigterm_evicts_a_proc_waiting_in_wait_evict(host: Host) -> None:
+    """σOS eviction: SIGTERM to the supervisor returns the proc's WaitEvict; the proc reports
+    Exited(EVICTED) and exits by itself (the signal is not forwarded to it)."""
+    code = textwrap.dedent(
+        """
+        import sys, pysigma
+        pysigma.started()
+        print("waiting", flush=True)
+        pysigma.wait_evict()
+        pysigma.exited(pysigma.STATUS_EVICTED, "evicted, cleaned up")
+        print("cleaned up", flush=True)
+        """
+    )
+    cmd = [
+        supervisor(),
+        "--scratch-dir",
+        str(host.scratch),
+        "--s3",
+        f"file://{host.buckets}",
+        "--",
+        sys.executable,
+        "-c",
+        code,
+    ]
+    p = subprocess.Popen(
+        cmd, env=host.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None
+    assert p.stdout.readline() == "waiting\n"
+    time.sleep(0.3)  # let the WaitEvict call reach the server
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert out == "cleaned up\n"
+    assert exit_lines(err) == [
+        'sigma-supervise: proc exited: status 2 (EVICTED) "evicted, cleaned up"'
+    ]
+
+
+def test_scratch_quota_option(host: Host) -> None:
+    code = textwrap.dedent(
+        f"""
+        import pysigma
+        f = pysigma.create("{UX}/q", 0o644, pysigma.OWRITE)
+        f.seek(1 << 40)
+        try:
+            f.write(b"x")
+        except pysigma.SigmaError as e:
+            print("refused:", str(e))
+        f.seek(1000)
+        f.write(b"y")
+        print("ok")
+        """
+    )
+    r = host.run(opts=("--scratch-quota", "64K"), code=code)
+    assert r.returncode == 0, r.stderr
+    assert "no space left on device" in r.stdout, r.stdout
+    assert r.stdout.endswith("ok\n")
+    assert (host.scratch / "q").stat().st_size == 1001
+
+
+def test_hostile_proc_cannot_take_the_supervisor_down(host: Host) -> None:
+    """A proc attacking its realm server: offsets that overflow, then a frame announcing 1 GiB on
+    the raw socket. The supervisor stays up, answers until the bad frame, closes only that
+    connection, and reports the proc's own exit status."""
+    code = textwrap.dedent(
+        f"""
+        import os, struct, pysigma
+        f = pysigma.create("{UX}/h", 0o644, pysigma.ORDWR)
+        for off in (2**64 - 1, 2**40):
+            f.seek(off)
+            try:
+                f.write(b"x")
+                print("written at", off)
+            except pysigma.SigmaError as e:
+                print("refused", type(e).__name__)
+        f.close()
+        pysigma.put_file("{UX}/still", b"alive")
+        print(pysigma.get_file("{UX}/still").decode())
+        fd = int(os.environ["SIGMA_SPPROXY_FD"])
+        os.write(fd, struct.pack("<QII", 99, 1, (1 << 30) + 4) + bytes(4096))
+        print("closed" if os.read(fd, 1) == b"" else "answered")
+        raise SystemExit(7)
+        """
+    )
+    r = host.run(code=code)
+    assert r.returncode == 7, r.stderr
+    assert r.stdout.splitlines() == ["refused SigmaError", "refused SigmaError", "alive", "closed"]
+    assert (host.scratch / "h").stat().st_size == 0

@@ -230,6 +230,32 @@ fn bench_suite(c: &Client, d: &str, n: usize) -> Result<BTreeMap<&'static str, S
         "Remove",
         timed(n, |i| Ok(format!("{d}/c{i}")), |p| Ok(c.remove(&p)?), keep)?,
     );
+    // The calls σPy's table lacks: a directory of 10 entries listed whole, and a watch read
+    // with one creation waiting (the creation is untimed setup).
+    let gd = format!("{d}/dir");
+    ensure_dir(c, &gd)?;
+    for i in 0..10 {
+        c.put_file(&format!("{gd}/e{i}"), 0o777, OWRITE, data, 0, NO_LEASE_ID)?;
+    }
+    res.insert("GetDir", timed(n, none, |_| Ok(c.get_dir(&gd)?), keep)?);
+    let dfd = c.open(&gd, OREAD, false)?;
+    c.read_dir(dfd)?;
+    let wfd = c.dir_watch(dfd)?;
+    c.close_fd(dfd)?;
+    res.insert(
+        "WatchRead",
+        timed(
+            n,
+            |i| Ok(c.put_file(&format!("{gd}/n{i}"), 0o777, OWRITE, data, 0, NO_LEASE_ID)?),
+            |_| Ok(c.read_watch(wfd)?),
+            keep,
+        )?,
+    );
+    c.close_fd(wfd)?;
+    for name in c.get_dir(&gd)? {
+        c.remove(&format!("{gd}/{}", name.name))?;
+    }
+    c.remove(&gd)?;
     for p in [format!("{d}/w"), p, f12] {
         c.remove(&p).with_context(|| format!("Remove {p}"))?;
     }

@@ -23,6 +23,22 @@ pub const GET_FILE: &str = "SPProxySrvAPI.GetFile";
 pub const PUT_FILE: &str = "SPProxySrvAPI.PutFile";
 pub const DIR_WATCH: &str = "SPProxySrvAPI.DirWatch";
 pub const CLOSE: &str = "SPProxySrvAPI.Close";
+pub const CREATE_LEASED: &str = "SPProxySrvAPI.CreateLeased";
+pub const WRITE_READ: &str = "SPProxySrvAPI.WriteRead";
+pub const WRITE_FENCE: &str = "SPProxySrvAPI.WriteFence";
+pub const FENCE_DIR: &str = "SPProxySrvAPI.FenceDir";
+pub const IS_LOCAL_MOUNT: &str = "SPProxySrvAPI.IsLocalMount";
+pub const MOUNT_TREE: &str = "SPProxySrvAPI.MountTree";
+pub const PATH_LAST_MOUNT: &str = "SPProxySrvAPI.PathLastMount";
+pub const INVALIDATE_NAMED_ENDPOINT: &str = "SPProxySrvAPI.InvalidateNamedEndpointCacheEntryRealm";
+pub const GET_NAMED_ENDPOINT: &str = "SPProxySrvAPI.GetNamedEndpointRealm";
+pub const NEW_ROOT_MOUNT: &str = "SPProxySrvAPI.NewRootMount";
+pub const MOUNTS: &str = "SPProxySrvAPI.Mounts";
+pub const DETACH: &str = "SPProxySrvAPI.Detach";
+pub const DISCONNECT: &str = "SPProxySrvAPI.Disconnect";
+pub const REGISTER_EP: &str = "SPProxySrvAPI.RegisterEP";
+pub const GET_DELEGATED_RPC_REPLY: &str = "SPProxySrvAPI.GetDelegatedRPCReply";
+pub const GET_MULTI_DELEGATED_RPC_REPLIES: &str = "SPProxySrvAPI.GetMultiDelegatedRPCReplies";
 
 pub fn init(pe: ProcEnvProto) -> (&'static str, SigmaInitReq) {
     (
@@ -45,6 +61,10 @@ pub fn exited(status: u32, msg: &str) -> (&'static str, SigmaExitedReq) {
             msg: msg.to_owned(),
         },
     )
+}
+
+pub fn wait_evict() -> (&'static str, SigmaNullReq) {
+    (WAIT_EVICT, SigmaNullReq {})
 }
 
 pub fn clnt_id() -> (&'static str, SigmaNullReq) {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::api;
-use crate::consts::NO_OFFSET;
+use crate::consts::{NO_OFFSET, OREAD};
 use crate::error::Error;
 use crate::frame::{self, Limits};
 use crate::procenv;
@@ -415,6 +415,78 @@ impl Client {
         let r: SigmaErrRep = self.call_api(api::rename(src, dst))?;
         Error::check(r.err)
     }
+
+    /// Blocks until the realm evicts this proc (σOS's `WaitEvict`).
+    pub fn wait_evict(&self) -> Result<(), Error> {
+        let r: SigmaErrRep = self.call_api(api::wait_evict())?;
+        Error::check(r.err)
+    }
+
+    /// The entries of the directory open at `fd`, read to its end (σOS's directory
+    /// encoding: one `u32 len | TstatProto` frame per entry).
+    pub fn read_dir(&self, fd: u32) -> Result<Vec<Stat>, Error> {
+        let mut out = Vec::new();
+        loop {
+            let b = self.read(fd, DIR_READ)?;
+            if b.is_empty() {
+                return Ok(out);
+            }
+            let ents = crate::dirent::decode_dir(&b)
+                .map_err(|e| Error::Protocol(format!("directory entries of fd {fd}: {e}")))?;
+            out.extend(ents.into_iter().map(Stat::from));
+        }
+    }
+
+    /// The entries of directory `path` (FsLib's `GetDir`).
+    pub fn get_dir(&self, path: &str) -> Result<Vec<Stat>, Error> {
+        let fd = self.open(path, OREAD, false)?;
+        let r = self.read_dir(fd);
+        let c = self.close_fd(fd);
+        let ents = r?;
+        c?;
+        Ok(ents)
+    }
+
+    /// A watch on the directory open at `fd` (σOS's `DirWatch`): returns the watch fd,
+    /// from which [`Client::read_watch`] reads what changed since the directory was read.
+    pub fn dir_watch(&self, fd: u32) -> Result<u32, Error> {
+        let r: SigmaFdRep = self.call_api(api::dir_watch(fd))?;
+        Error::check(r.err)?;
+        Ok(r.fd)
+    }
+
+    /// Blocks until the watched directory changes; returns the changes (creations and
+    /// removals, by name) as whole `u32 len | WatchEventList` records.
+    pub fn read_watch(&self, watch_fd: u32) -> Result<Vec<WatchEvent>, Error> {
+        let mut buf = Vec::new();
+        loop {
+            let b = self.read(watch_fd, DIR_READ)?;
+            if b.is_empty() {
+                return Err(Error::Protocol(format!("watch fd {watch_fd}: empty read")));
+            }
+            buf.extend_from_slice(&b);
+            if let Ok(ev) = crate::dirent::decode_watch(&buf) {
+                return Ok(ev
+                    .into_iter()
+                    .map(|e| WatchEvent {
+                        created: e.r#type == crate::proto::WatchEventType::Create as i32,
+                        name: e.file,
+                    })
+                    .collect());
+            }
+        }
+    }
+}
+
+/// Bytes asked for per directory or watch read.
+const DIR_READ: u64 = 64 * 1024;
+
+/// One change of a watched directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchEvent {
+    pub name: String,
+    /// `true`: created; `false`: removed.
+    pub created: bool,
 }
 
 fn blob_bytes(blob: Option<Blob>) -> Vec<u8> {

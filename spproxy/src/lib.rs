@@ -5,6 +5,7 @@
 pub mod api;
 mod client;
 pub mod consts;
+pub mod dirent;
 pub mod error;
 mod fdenv;
 pub mod frame;
@@ -14,6 +15,8 @@ pub mod rpc;
 pub mod server;
 pub mod store;
 
-pub use client::{Client, Qid, Stat, DEFAULT_SOCKET, ENV_SPPROXY_FD, ENV_SPPROXY_SOCKET};
+pub use client::{
+    Client, Qid, Stat, WatchEvent, DEFAULT_SOCKET, ENV_SPPROXY_FD, ENV_SPPROXY_SOCKET,
+};
 pub use error::Error;
 pub use proto::ProcEnvProto;

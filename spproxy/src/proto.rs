@@ -16,9 +16,13 @@ pub mod pb {
     pub mod spproxy {
         include!(concat!(env!("OUT_DIR"), "/spproxy.rs"));
     }
+    pub mod protsrv {
+        include!(concat!(env!("OUT_DIR"), "/protsrv.rs"));
+    }
 }
 
 pub use pb::proc::ProcEnvProto;
+pub use pb::protsrv::{WatchEvent, WatchEventList, WatchEventType};
 pub use pb::rpc::{Blob, Rep, Req, SplitIoVec};
 pub use pb::sigmap::{
     Rerror, SecretProto, Taddr, TendpointProto, TfenceProto, Tprincipal, TqidProto, TstatProto,

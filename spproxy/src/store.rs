@@ -4,8 +4,14 @@
 //! backend (e.g. the fetcher's S3 client) can implement the same trait.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{fstatat, Mode};
+use nix::unistd::UnlinkatFlags;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
@@ -56,13 +62,30 @@ pub trait ObjectStore: Send + Sync {
     }
 }
 
-/// Buckets as directories under one root; keys as relative paths.
+/// Buckets as directories under one root; keys as relative paths. Every path is resolved
+/// beneath the root with openat2 `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`: a symbolic link
+/// placed in a bucket (or a bucket that is one) is refused, never followed out of the root.
 #[derive(Debug)]
 pub struct LocalDirStore {
     root: PathBuf,
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn open_beneath(dir: &OwnedFd, rel: &str, flags: OFlag, mode: Mode) -> Result<OwnedFd, Errno> {
+    openat2(
+        dir,
+        rel,
+        OpenHow::new()
+            .flags(flags | OFlag::O_CLOEXEC)
+            .mode(mode)
+            .resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+            ),
+    )
+}
 
 impl LocalDirStore {
     pub fn new(root: impl Into<PathBuf>) -> LocalDirStore {
@@ -79,7 +102,7 @@ impl LocalDirStore {
             key: key.to_owned(),
             why,
         };
-        if bucket.is_empty() || bucket.contains('/') || bucket == "." || bucket == ".." {
+        if bucket.is_empty() || bucket.contains(['/', '\0']) || bucket == "." || bucket == ".." {
             return Err(inval("bad bucket name"));
         }
         if key.is_empty() {
@@ -89,6 +112,9 @@ impl LocalDirStore {
                 Err(inval("empty key"))
             };
         }
+        if key.contains('\0') {
+            return Err(inval("key contains a NUL byte"));
+        }
         for c in key.split('/') {
             if c.is_empty() || c == "." || c == ".." {
                 return Err(inval("key has an empty, '.' or '..' component"));
@@ -97,28 +123,85 @@ impl LocalDirStore {
         Ok(())
     }
 
-    fn path(&self, bucket: &str, key: &str) -> Result<PathBuf, StoreError> {
+    fn root_fd(&self, bucket: &str, key: &str) -> Result<OwnedFd, StoreError> {
+        nix::fcntl::open(
+            &self.root,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Self::map(bucket, key, e.into()))
+    }
+
+    /// The bucket's directory, opened beneath the root.
+    fn bucket_fd(&self, bucket: &str, key: &str) -> Result<OwnedFd, StoreError> {
+        let root = self.root_fd(bucket, key)?;
+        open_beneath(
+            &root,
+            bucket,
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::ENOENT | Errno::ENOTDIR => StoreError::NotFound {
+                bucket: bucket.to_owned(),
+                key: String::new(),
+            },
+            e => Self::map(bucket, key, e.into()),
+        })
+    }
+
+    /// The directory holding `key` (created with `create`) and the key's last component.
+    fn key_dir<'k>(
+        &self,
+        bucket: &str,
+        key: &'k str,
+        create: bool,
+    ) -> Result<(OwnedFd, &'k str), StoreError> {
+        let mut dir = self.bucket_fd(bucket, key)?;
+        let (parents, name) = key.rsplit_once('/').unwrap_or(("", key));
+        for c in parents.split('/').filter(|c| !c.is_empty()) {
+            if create {
+                match nix::sys::stat::mkdirat(&dir, c, Mode::from_bits_truncate(0o755)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(Self::map(bucket, key, e.into())),
+                }
+            }
+            dir = open_beneath(&dir, c, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty())
+                .map_err(|e| Self::map(bucket, key, e.into()))?;
+        }
+        Ok((dir, name))
+    }
+
+    fn open_key(&self, bucket: &str, key: &str, flags: OFlag) -> Result<fs::File, StoreError> {
         Self::check_name(bucket, key, false)?;
-        Ok(self.root.join(bucket).join(key))
+        let (dir, name) = self.key_dir(bucket, key, false)?;
+        let fd = open_beneath(&dir, name, flags, Mode::empty())
+            .map_err(|e| Self::map(bucket, key, e.into()))?;
+        let f = fs::File::from(fd);
+        let md = f.metadata().map_err(|e| Self::map(bucket, key, e))?;
+        if !md.is_file() {
+            return Err(Self::map(bucket, key, io::ErrorKind::NotFound.into()));
+        }
+        Ok(f)
     }
 
     fn map(bucket: &str, key: &str, e: io::Error) -> StoreError {
+        let (b, k) = (bucket.to_owned(), key.to_owned());
+        match e.raw_os_error().map(Errno::from_raw) {
+            Some(Errno::ENOENT | Errno::ENOTDIR | Errno::EISDIR) => {
+                return StoreError::NotFound { bucket: b, key: k }
+            }
+            Some(Errno::EACCES | Errno::EPERM | Errno::ELOOP | Errno::EXDEV) => {
+                return StoreError::PermissionDenied { bucket: b, key: k }
+            }
+            _ => {}
+        }
         match e.kind() {
-            io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => StoreError::NotFound {
-                bucket: bucket.to_owned(),
-                key: key.to_owned(),
-            },
-            io::ErrorKind::IsADirectory => StoreError::NotFound {
-                bucket: bucket.to_owned(),
-                key: key.to_owned(),
-            },
-            io::ErrorKind::PermissionDenied => StoreError::PermissionDenied {
-                bucket: bucket.to_owned(),
-                key: key.to_owned(),
-            },
+            io::ErrorKind::NotFound => StoreError::NotFound { bucket: b, key: k },
+            io::ErrorKind::PermissionDenied => StoreError::PermissionDenied { bucket: b, key: k },
             _ => StoreError::Unavailable {
-                bucket: bucket.to_owned(),
-                key: key.to_owned(),
+                bucket: b,
+                key: k,
                 source: e,
             },
         }
@@ -127,49 +210,50 @@ impl LocalDirStore {
 
 impl ObjectStore for LocalDirStore {
     fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {
-        let p = self.path(bucket, key)?;
-        if p.is_dir() {
-            return Err(Self::map(bucket, key, io::ErrorKind::IsADirectory.into()));
-        }
-        fs::read(&p).map_err(|e| Self::map(bucket, key, e))
+        let mut f = self.open_key(bucket, key, OFlag::O_RDONLY)?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)
+            .map_err(|e| Self::map(bucket, key, e))?;
+        Ok(buf)
     }
 
     fn put(&self, bucket: &str, key: &str, data: &[u8]) -> Result<(), StoreError> {
-        let p = self.path(bucket, key)?;
-        let dir = p.parent().expect("object path has a parent");
-        let m = |e| Self::map(bucket, key, e);
-        if !self.root.join(bucket).is_dir() {
-            return Err(StoreError::NotFound {
-                bucket: bucket.to_owned(),
-                key: String::new(),
-            });
-        }
-        fs::create_dir_all(dir).map_err(m)?;
-        let tmp = dir.join(format!(
-            ".{}.tmp-{}-{}",
-            p.file_name().expect("key has a name").to_string_lossy(),
+        Self::check_name(bucket, key, false)?;
+        let (dir, name) = self.key_dir(bucket, key, true)?;
+        let m = |e: io::Error| Self::map(bucket, key, e);
+        let tmp = format!(
+            ".{name}.tmp-{}-{}",
             std::process::id(),
             TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let staged = (|| {
-            let mut f = fs::File::create(&tmp)?;
+        );
+        let staged = (|| -> io::Result<()> {
+            let fd = open_beneath(
+                &dir,
+                &tmp,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+                Mode::from_bits_truncate(0o644),
+            )?;
+            let mut f = fs::File::from(fd);
             f.write_all(data)?;
             f.sync_all()?;
-            fs::rename(&tmp, &p)?;
-            fs::File::open(dir)?.sync_all()
+            nix::fcntl::renameat(&dir, tmp.as_str(), &dir, name)?;
+            let d = open_beneath(
+                &dir,
+                ".",
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+                Mode::empty(),
+            )?;
+            fs::File::from(d).sync_all()
         })();
         if staged.is_err() {
-            let _ = fs::remove_file(&tmp);
+            let _ = nix::unistd::unlinkat(&dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
         }
         staged.map_err(m)
     }
 
     fn stat(&self, bucket: &str, key: &str) -> Result<ObjectMeta, StoreError> {
-        let p = self.path(bucket, key)?;
-        let md = fs::metadata(&p).map_err(|e| Self::map(bucket, key, e))?;
-        if md.is_dir() {
-            return Err(Self::map(bucket, key, io::ErrorKind::NotFound.into()));
-        }
+        let f = self.open_key(bucket, key, OFlag::O_PATH)?;
+        let md = f.metadata().map_err(|e| Self::map(bucket, key, e))?;
         Ok(ObjectMeta {
             len: md.len(),
             mtime: md.modified().unwrap_or(SystemTime::UNIX_EPOCH),
@@ -177,25 +261,41 @@ impl ObjectStore for LocalDirStore {
     }
 
     fn remove(&self, bucket: &str, key: &str) -> Result<(), StoreError> {
-        let p = self.path(bucket, key)?;
-        fs::remove_file(&p).map_err(|e| Self::map(bucket, key, e))
+        Self::check_name(bucket, key, false)?;
+        let (dir, name) = self.key_dir(bucket, key, false)?;
+        let st = fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| Self::map(bucket, key, e.into()))?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return Err(Self::map(bucket, key, io::ErrorKind::NotFound.into()));
+        }
+        nix::unistd::unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir)
+            .map_err(|e| Self::map(bucket, key, e.into()))
     }
 
     fn list(&self, bucket: &str, prefix: &str) -> Result<Vec<String>, StoreError> {
         Self::check_name(bucket, "", true)?;
-        let base = self.root.join(bucket);
+        let base = self.bucket_fd(bucket, prefix)?;
         let mut out = Vec::new();
-        let mut stack = vec![(base.clone(), String::new())];
-        while let Some((dir, rel)) = stack.pop() {
-            let rd = match fs::read_dir(&dir) {
-                Ok(rd) => rd,
-                Err(e) if rel.is_empty() => return Err(Self::map(bucket, prefix, e)),
+        let mut stack = vec![String::new()];
+        while let Some(rel) = stack.pop() {
+            let at = if rel.is_empty() { "." } else { rel.as_str() };
+            let fd = match open_beneath(
+                &base,
+                at,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+                Mode::empty(),
+            ) {
+                Ok(fd) => fd,
+                Err(e) if rel.is_empty() => return Err(Self::map(bucket, prefix, e.into())),
                 Err(_) => continue,
             };
-            for ent in rd {
-                let ent = ent.map_err(|e| Self::map(bucket, prefix, e))?;
+            let mut d =
+                nix::dir::Dir::from_fd(fd).map_err(|e| Self::map(bucket, prefix, e.into()))?;
+            for ent in d.iter() {
+                let ent = ent.map_err(|e| Self::map(bucket, prefix, e.into()))?;
                 let name = ent.file_name().to_string_lossy().into_owned();
-                if name.starts_with('.') && name.contains(".tmp-") {
+                if name == "." || name == ".." || (name.starts_with('.') && name.contains(".tmp-"))
+                {
                     continue;
                 }
                 let k = if rel.is_empty() {
@@ -203,11 +303,16 @@ impl ObjectStore for LocalDirStore {
                 } else {
                     format!("{rel}/{name}")
                 };
-                let ft = ent.file_type().map_err(|e| Self::map(bucket, prefix, e))?;
-                if ft.is_dir() {
-                    stack.push((ent.path(), k));
-                } else if k.starts_with(prefix) {
-                    out.push(k);
+                match ent.file_type() {
+                    Some(nix::dir::Type::Directory) => {
+                        // Only descend where keys under the prefix can be.
+                        let kd = format!("{k}/");
+                        if kd.starts_with(prefix) || prefix.starts_with(&kd) {
+                            stack.push(k);
+                        }
+                    }
+                    Some(nix::dir::Type::File) if k.starts_with(prefix) => out.push(k),
+                    _ => {} // symbolic links and the rest are not objects
                 }
             }
         }
@@ -217,18 +322,20 @@ impl ObjectStore for LocalDirStore {
 
     fn has_bucket(&self, bucket: &str) -> Result<bool, StoreError> {
         Self::check_name(bucket, "", true)?;
-        Ok(self.root.join(bucket).is_dir())
+        match self.bucket_fd(bucket, "") {
+            Ok(_) => Ok(true),
+            Err(StoreError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     fn rename(&self, bucket: &str, from: &str, to: &str) -> Result<(), StoreError> {
-        let a = self.path(bucket, from)?;
-        let b = self.path(bucket, to)?;
-        if !a.is_file() {
-            return Err(Self::map(bucket, from, io::ErrorKind::NotFound.into()));
-        }
-        let dir = b.parent().expect("object path has a parent");
-        fs::create_dir_all(dir).map_err(|e| Self::map(bucket, to, e))?;
-        fs::rename(&a, &b).map_err(|e| Self::map(bucket, from, e))
+        Self::check_name(bucket, from, false)?;
+        Self::check_name(bucket, to, false)?;
+        self.open_key(bucket, from, OFlag::O_PATH)?;
+        let (da, na) = self.key_dir(bucket, from, false)?;
+        let (db, nb) = self.key_dir(bucket, to, true)?;
+        nix::fcntl::renameat(&da, na, &db, nb).map_err(|e| Self::map(bucket, from, e.into()))
     }
 }
 

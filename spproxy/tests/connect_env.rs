@@ -46,7 +46,9 @@ fn connect_env_by_socket_path_and_by_inherited_fd() {
     std::env::set_var(ENV_SPPROXY_FD, fd.to_string());
     let c2 = Client::connect_env().unwrap();
     assert_eq!(c2.get_file("name/ux/~local/x").unwrap(), b"by path");
-    let pid = server.proc_state().pid.unwrap();
+    // Proc state is per connection: the first proc keeps its identity, the second has its own.
+    assert_eq!(server.proc_state().pid.as_deref(), Some("pyproc-1"));
+    let pid = server.proc_states().last().unwrap().pid.clone().unwrap();
     assert!(pid.contains(&std::process::id().to_string()), "{pid}");
     let e = Client::connect_env().err().unwrap();
     assert!(e.to_string().contains("SIGMA_SPPROXY_FD"), "{e}");

@@ -20,13 +20,26 @@ use fetcher::store::{get_bytes, open_store, Store, StoreOptions};
 use fetcher::{FetchConfig, FetchError};
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use spproxy::consts::{STATUS_ERR, STATUS_EVICTED, STATUS_FATAL, STATUS_OK};
-use spproxy::server::{ObjectMeta, ObjectStore, ProcState, Server, ServerConfig, StoreError};
+use spproxy::server::{
+    LocalDirStore, ObjectMeta, ObjectStore, ProcState, Server, ServerConfig, ServerLimits,
+    StoreError,
+};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
+
+/// The run's embedded server, for [`evict`] from the signal loop.
+static EVICT: OnceLock<Server> = OnceLock::new();
+
+/// The supervisor got SIGTERM: evict the proc (σOS's WaitEvict returns). Returns whether the
+/// proc was waiting for eviction, and so exits by itself (with Exited(EVICTED)); if not, the
+/// signal should be forwarded.
+pub fn evict() -> bool {
+    EVICT.get().is_some_and(|s| !s.is_evicted() && s.evict())
+}
 
 /// Exit status when `--require-started` is given and the proc never called Started.
 pub const NOT_STARTED_EXIT: u8 = 125;
@@ -97,6 +110,38 @@ pub struct EmbeddedConfig {
     pub realm: String,
     pub scratch_dir: PathBuf,
     pub s3: S3Backend,
+    pub limits: ServerLimits,
+}
+
+/// A byte count: digits with an optional K, M, G or T suffix (powers of 1024).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, shift) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("unknown size suffix {c:?} (use K, M, G or T)")),
+            };
+            (&s[..i], shift)
+        }
+        _ => (s, 0),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("expected a byte count like 512M, got {s:?}"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+fn parse_frame(s: &str) -> Result<u32, String> {
+    let n = parse_bytes(s)?;
+    match u32::try_from(n) {
+        Ok(n) if n >= 64 << 10 => Ok(n),
+        _ => Err("the frame limit must be between 64K and 4G-1 (σOS's u32 frame length)".into()),
+    }
 }
 
 impl EmbeddedConfig {
@@ -112,6 +157,7 @@ impl EmbeddedConfig {
             realm: realm.to_owned(),
             scratch_dir,
             s3,
+            limits: ServerLimits::default(),
         }
     }
 }
@@ -140,6 +186,17 @@ pub struct SigmaOpts {
     /// embedded server, which is what observes Started.
     #[arg(long)]
     pub require_started: bool,
+
+    /// Embedded server: bytes the realm's scratch (name/ux/~local) may hold, counted from its
+    /// size at start, and the largest object a proc may write (K/M/G/T suffixes); a write
+    /// beyond it fails with σOS's "no space left on device" error.
+    #[arg(long, value_name = "BYTES", default_value = "1G", value_parser = parse_bytes)]
+    pub scratch_quota: u64,
+
+    /// Embedded server: largest frame a request may carry and a reply return (K/M/G
+    /// suffixes); a larger announced frame closes the connection before it is read.
+    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_frame)]
+    pub max_frame: u32,
 }
 
 /// The σOS API of one run: prepared before fork, started after it, reported at exit.
@@ -171,7 +228,9 @@ impl SigmaApi {
             .scratch_dir
             .clone()
             .or_else(|| cache_root.map(|root| root.join("realms").join(realm).join("ux")));
-        let embedded = EmbeddedConfig::new(realm, scratch, opts.s3.clone());
+        let mut embedded = EmbeddedConfig::new(realm, scratch, opts.s3.clone());
+        embedded.limits.scratch_quota = opts.scratch_quota;
+        embedded.limits.max_frame = opts.max_frame;
         SigmaApi::prepare(mode, &embedded)
     }
 
@@ -195,13 +254,18 @@ impl SigmaApi {
                 (s, None)
             }
             SigmaMode::Embedded => {
-                let store = Arc::new(FetcherObjects::new(embedded.s3.clone()));
-                let srv = Server::new(ServerConfig::new(
-                    embedded.realm.clone(),
-                    embedded.scratch_dir.clone(),
-                    store,
-                ))
+                // A local bucket directory is served by spproxy's own store, which resolves
+                // every key beneath the bucket without following symbolic links.
+                let store: Arc<dyn ObjectStore> = match &embedded.s3 {
+                    S3Backend::Dir(root) => Arc::new(LocalDirStore::new(root)),
+                    S3Backend::Aws => Arc::new(FetcherObjects::new(embedded.s3.clone())),
+                };
+                let srv = Server::new(
+                    ServerConfig::new(embedded.realm.clone(), embedded.scratch_dir.clone(), store)
+                        .with_limits(embedded.limits.clone()),
+                )
                 .context("embedded realm server")?;
+                let _ = EVICT.set(srv.clone());
                 let (ours, theirs) =
                     UnixStream::pair().context("socketpair for the embedded server")?;
                 (theirs, Some((srv, Some(ours))))
@@ -452,6 +516,19 @@ impl ObjectStore for FetcherObjects {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_counts_parse() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        assert_eq!(parse_bytes("64m"), Ok(64 << 20));
+        assert!(parse_bytes("1X").is_err());
+        assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
+        assert_eq!(parse_frame("64M"), Ok(64 << 20));
+        assert!(parse_frame("4G").is_err());
+        assert!(parse_frame("1K").is_err());
+    }
 
     #[test]
     fn sigma_mode_parses() {

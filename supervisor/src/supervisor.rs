@@ -173,6 +173,11 @@ fn wait_all(main_pid: i32) -> anyhow::Result<u8> {
         if sig == libc::SIGCHLD {
             continue;
         }
+        // The first SIGTERM evicts a proc that waits for eviction (σOS's WaitEvict): it
+        // exits by itself. Otherwise, and after that, the signal is forwarded.
+        if sig == libc::SIGTERM && crate::sigma_api::evict() {
+            continue;
+        }
         // A terminal's ^C reaches the whole foreground group (SI_KERNEL): the child has it.
         if code != libc::SI_KERNEL {
             if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {

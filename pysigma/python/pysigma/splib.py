@@ -34,6 +34,9 @@ __all__ = [
     "PutFile",
     "Remove",
     "Rename",
+    "GetDir",
+    "DirWatch",
+    "WaitEvict",
     "started",
     "exited",
 ]
@@ -47,6 +50,7 @@ _Data = Union[str, bytes, bytearray, memoryview]
 Started = _pysigma.started
 Exited = _pysigma.exited  # Exited(status=STATUS_OK, msg="")
 ClntID = _pysigma.clnt_id
+WaitEvict = _pysigma.wait_evict
 Rename = _pysigma.rename  # Rename(src, dst)
 CloseFD = _pysigma.close_fd  # CloseFD(fd)
 
@@ -99,6 +103,17 @@ def PutFile(pathname: str, perm: int, mode: int, data: _Data, offset: int = 0,
 
 def Remove(pathname: str) -> None:
     _pysigma.remove(pathname)
+
+
+def GetDir(pathname: str) -> list[_pysigma.Stat]:
+    """The entries of directory ``pathname`` (FsLib's ``GetDir``)."""
+    return _pysigma.get_dir(pathname)
+
+
+def DirWatch(fd: int) -> int:
+    """σOS's DirWatch on the directory open at ``fd``; read the events with
+    ``pysigma.read_watch_fd`` (``(name, created)`` pairs)."""
+    return _pysigma.dir_watch_fd(fd)
 
 
 # σPy's earliest examples (pyproc/hello.py) spell these in lower case.

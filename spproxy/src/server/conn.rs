@@ -1,0 +1,175 @@
+//! A connection: the reader (framing, bounded by the limits, one request at a time) writes
+//! each reply itself; replies of parked calls come from the waiter thread through an outbox
+//! drained by the connection's writer thread, so the waiter thread never blocks on a client
+//! that stops reading (which stalls only its own connection). One lock orders the writes.
+
+use std::collections::VecDeque;
+use std::io::{self, BufReader};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use nix::sys::socket::{send, MsgFlags};
+
+use crate::frame::{self, FrameError, Limits};
+
+use super::fds::FdTable;
+use super::procstate::Identity;
+use super::reply::Frames;
+use super::{dispatch, lock, Inner, ServerError};
+
+/// A peer that accepts no reply bytes for this long is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Replies of parked calls, for the writer thread (at most one per parked call).
+#[derive(Default)]
+struct Outbox {
+    queue: VecDeque<Vec<u8>>,
+    closed: bool,
+}
+
+pub struct Conn {
+    /// The socket, for writes; `wlock` keeps one message's bytes together.
+    sock: UnixStream,
+    wlock: Mutex<()>,
+    out: Mutex<Outbox>,
+    /// Signalled when the outbox gains a message or closes (the writer waits on it).
+    out_cv: Condvar,
+    pub fds: Mutex<FdTable>,
+    pub ident: Mutex<Option<Identity>>,
+    closed: AtomicBool,
+    /// Calls parked on the waiter thread.
+    pub waiting: AtomicUsize,
+}
+
+impl Conn {
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Queues a reply without waiting (the waiter thread's replies are small).
+    pub fn push(&self, seqno: u64, frames: Frames) {
+        let buf = frame::encode(seqno, &frames);
+        let mut o = lock(&self.out);
+        if o.closed {
+            return;
+        }
+        o.queue.push_back(buf);
+        self.out_cv.notify_all();
+    }
+
+    /// Writes a reply now, on the calling (reader) thread: no thread handoff per call.
+    fn send_now(&self, seqno: u64, frames: Frames) {
+        let buf = frame::encode(seqno, &frames);
+        let _w = lock(&self.wlock);
+        if write_all(&self.sock, &buf).is_err() {
+            self.close();
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        lock(&self.out).closed = true;
+        self.out_cv.notify_all();
+    }
+}
+
+fn writer(conn: &Conn) {
+    loop {
+        let buf = {
+            let mut o = lock(&conn.out);
+            loop {
+                if let Some(b) = o.queue.pop_front() {
+                    break b;
+                }
+                if o.closed {
+                    return;
+                }
+                o = conn.out_cv.wait(o).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let _w = lock(&conn.wlock);
+        if write_all(&conn.sock, &buf).is_err() {
+            conn.close();
+            let _ = conn.sock.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+    }
+}
+
+/// `send` with MSG_NOSIGNAL: a peer gone away is an error, never a SIGPIPE.
+fn write_all(s: &UnixStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match send(s.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Serves `s` until EOF or a malformed message.
+pub fn serve(inner: &Arc<Inner>, s: UnixStream) -> Result<(), ServerError> {
+    let lim = &inner.cfg.limits;
+    inner.connections.fetch_add(1, Ordering::SeqCst);
+    let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
+    let ws = match s.try_clone() {
+        Ok(ws) => ws,
+        Err(e) => {
+            inner.connections.fetch_sub(1, Ordering::SeqCst);
+            return Err(e.into());
+        }
+    };
+    let conn = Arc::new(Conn {
+        sock: ws,
+        wlock: Mutex::new(()),
+        out: Mutex::new(Outbox::default()),
+        out_cv: Condvar::new(),
+        fds: Mutex::new(FdTable::new(lim.max_fds, lim.conn_memory)),
+        ident: Mutex::new(None),
+        closed: AtomicBool::new(false),
+        waiting: AtomicUsize::new(0),
+    });
+    let res = (|| {
+        let wconn = conn.clone();
+        let wthread = std::thread::Builder::new()
+            .name("spproxy-write".into())
+            .spawn(move || writer(&wconn))?;
+        let limits = Limits {
+            max_frames: 4096,
+            max_frame_len: lim.max_frame,
+            max_message_len: u64::from(lim.max_frame) + (64 << 10),
+        };
+        let mut reader = BufReader::with_capacity(64 * 1024, &s);
+        let res = loop {
+            if conn.is_closed() {
+                break Ok(());
+            }
+            match frame::read_message(&mut reader, &limits) {
+                Ok(Some(m)) => {
+                    let seqno = m.seqno;
+                    if let Some(frames) = dispatch::handle(inner, &conn, m) {
+                        conn.send_now(seqno, frames);
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(FrameError::Io(e)) => break Err(ServerError::Io(e)),
+                Err(e) => break Err(ServerError::Malformed(e)),
+            }
+        };
+        conn.close();
+        let _ = wthread.join();
+        res
+    })();
+    conn.close();
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    // Parked calls of this connection are dropped by the waiter thread on its next pass.
+    inner.waiters.wake();
+    inner.connections.fetch_sub(1, Ordering::SeqCst);
+    res
+}

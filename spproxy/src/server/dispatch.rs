@@ -1,0 +1,570 @@
+//! Method name → handler. Every call gets the reply shape σOS's Go client expects: its own
+//! reply message with `err` set (empty on success); a σOS call the embedded realm cannot
+//! honour gets that shape with NotSupported; only a method σOS does not have, a bad
+//! envelope or a call before Init gets the one-frame RPC error.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::api;
+use crate::consts::*;
+use crate::frame::Message;
+use crate::proto::*;
+use crate::rpc::Request;
+
+use super::conn::Conn;
+use super::fds::{self, DirSource, Handle};
+use super::paths::{self, Target};
+use super::procstate::Identity;
+use super::reply::*;
+use super::waiters::{self, Wait};
+use super::{lock, Inner};
+use crate::dirent;
+
+/// Bytes a reply adds around its data frame.
+const REPLY_OVERHEAD: u64 = 256;
+
+fn max_io(inner: &Inner) -> u64 {
+    u64::from(inner.cfg.limits.max_frame).saturating_sub(REPLY_OVERHEAD)
+}
+
+/// Handles one request; `None` when the reply will come from the waiter thread.
+pub fn handle(inner: &Arc<Inner>, conn: &Arc<Conn>, m: Message) -> Option<Frames> {
+    inner.procs.count_call();
+    let seqno = m.seqno;
+    let mut req = match Request::from_message(m) {
+        Ok(r) => r,
+        Err(e) => return Some(rpc_err(ECODE_ERROR, "", &e.to_string())),
+    };
+    dispatch(inner, conn, seqno, &mut req)
+}
+
+/// σOS calls the embedded realm does not serve: (method, field number of `err` in the
+/// call's reply message).
+const UNSERVED: &[(&str, u32)] = &[
+    (api::FENCE_DIR, 1),
+    (api::MOUNT_TREE, 1),
+    (api::NEW_ROOT_MOUNT, 1),
+    (api::DETACH, 1),
+    (api::DISCONNECT, 1),
+    (api::REGISTER_EP, 1),
+    (api::IS_LOCAL_MOUNT, 3),
+    (api::PATH_LAST_MOUNT, 3),
+    (api::GET_NAMED_ENDPOINT, 3),
+    (api::INVALIDATE_NAMED_ENDPOINT, 3),
+    (api::MOUNTS, 2),
+    (api::GET_DELEGATED_RPC_REPLY, 2),
+    (api::GET_MULTI_DELEGATED_RPC_REPLIES, 3),
+];
+
+fn dispatch(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, req: &mut Request) -> Option<Frames> {
+    let method = std::mem::take(&mut req.method);
+    macro_rules! decode {
+        ($t:ty) => {
+            match req.decode::<$t>() {
+                Ok(v) => v,
+                Err(e) => {
+                    return Some(rpc_err(
+                        ECODE_ERROR,
+                        "",
+                        &format!("{method}: unmarshal {}: {e}", stringify!($t)),
+                    ))
+                }
+            }
+        };
+    }
+    if method == api::INIT {
+        let r = decode!(SigmaInitReq);
+        let mut ident = lock(&conn.ident);
+        if ident.is_some() {
+            return Some(rpc_err(
+                ECODE_ERROR,
+                "",
+                "Error init SPProxySrvAPI: already initialized",
+            ));
+        }
+        *ident = Some(inner.procs.init(&r.proc_env_proto.unwrap_or_default()));
+        return Some(err_rep(Ok(())));
+    }
+    if let Some(&(_, field)) = UNSERVED.iter().find(|(m, _)| *m == method) {
+        return Some(not_supported(&method, field, 0));
+    }
+    let known = [
+        api::STARTED,
+        api::EXITED,
+        api::WAIT_EVICT,
+        api::CLOSE,
+        api::CLNT_ID,
+        api::STAT,
+        api::CREATE,
+        api::CREATE_LEASED,
+        api::OPEN,
+        api::READ,
+        api::WRITE,
+        api::WRITE_FENCE,
+        api::WRITE_READ,
+        api::SEEK,
+        api::CLOSE_FD,
+        api::GET_FILE,
+        api::PUT_FILE,
+        api::REMOVE,
+        api::RENAME,
+        api::DIR_WATCH,
+    ];
+    if !known.contains(&method.as_str()) {
+        return Some(rpc_err(ECODE_NOTFOUND, &method, ""));
+    }
+    let Some(id) = lock(&conn.ident).clone() else {
+        return Some(rpc_err(
+            ECODE_ERROR,
+            "",
+            &format!("{method}: Init has not been called on this connection"),
+        ));
+    };
+    lock(&id.state).calls += 1;
+    Some(match method.as_str() {
+        api::STARTED => {
+            decode!(SigmaNullReq);
+            lock(&id.state).started = true;
+            err_rep(Ok(()))
+        }
+        api::EXITED => {
+            let r = decode!(SigmaExitedReq);
+            lock(&id.state).exited = Some((r.status, r.msg));
+            // σOS leaves err unset here, and its own Go stub then dereferences nil: an
+            // empty err is what every client accepts.
+            err_rep(Ok(()))
+        }
+        api::WAIT_EVICT => {
+            decode!(SigmaNullReq);
+            if inner.evicted.load(Ordering::SeqCst) {
+                err_rep(Ok(()))
+            } else {
+                return park(inner, conn, seqno, Wait::Evict);
+            }
+        }
+        api::CLOSE => {
+            decode!(SigmaNullReq);
+            err_rep(Ok(()))
+        }
+        api::CLNT_ID => {
+            decode!(SigmaNullReq);
+            ok(SigmaClntIdRep {
+                clnt_id: id.clnt_id,
+                err: Some(Rerror::default()),
+            })
+        }
+        api::STAT => {
+            let r = decode!(SigmaPathReq);
+            match stat(inner, &r.path, &id) {
+                Ok(st) => ok(SigmaStatRep {
+                    stat: Some(st),
+                    err: Some(Rerror::default()),
+                }),
+                Err(e) => ok(SigmaStatRep {
+                    stat: None,
+                    err: Some(e),
+                }),
+            }
+        }
+        api::CREATE | api::CREATE_LEASED => {
+            let r = decode!(SigmaCreateReq);
+            let res = create(inner, conn, &r.path, r.perm, r.mode);
+            if res.is_ok() {
+                inner.waiters.wake();
+            }
+            fd_rep(res)
+        }
+        api::OPEN => {
+            let r = decode!(SigmaCreateReq);
+            let first = open(inner, conn, &r.path, r.mode);
+            let not_found = matches!(&first, Err(e) if e.err_code == ECODE_NOTFOUND);
+            if r.wait && not_found {
+                let wait = Wait::Open {
+                    path: r.path,
+                    mode: r.mode,
+                };
+                return park(inner, conn, seqno, wait);
+            }
+            fd_rep(first)
+        }
+        api::READ => {
+            let r = decode!(SigmaReadReq);
+            if is_watch(conn, r.fd) {
+                return match watch_read(inner, conn, r.fd, r.size) {
+                    Some(res) => Some(data_rep(res)),
+                    None => {
+                        let wait = Wait::WatchRead {
+                            fd: r.fd,
+                            size: r.size,
+                        };
+                        park(inner, conn, seqno, wait)
+                    }
+                };
+            }
+            data_rep(read(inner, conn, &id, r.fd, r.size, r.off))
+        }
+        api::WRITE | api::WRITE_FENCE => {
+            let r = decode!(SigmaWriteReq);
+            let data = r.blob.map(|b| b.iov).unwrap_or_default();
+            size_rep(write(inner, conn, r.fd, &data))
+        }
+        api::WRITE_READ => {
+            let r = decode!(SigmaWriteReq);
+            let n = usize::try_from(r.n_out_vec).unwrap_or(usize::MAX);
+            if n > 4096 {
+                return Some(rpc_err(ECODE_INVAL, &method, "nOutVec out of range"));
+            }
+            not_supported(&method, 2, n)
+        }
+        api::SEEK => {
+            let r = decode!(SigmaSeekReq);
+            err_rep(seek(conn, r.fd, r.offset))
+        }
+        api::CLOSE_FD => {
+            let r = decode!(SigmaCloseReq);
+            err_rep(close_fd(inner, conn, r.fd))
+        }
+        api::GET_FILE => {
+            let r = decode!(SigmaPathReq);
+            data_rep(get_file(inner, &r.path))
+        }
+        api::PUT_FILE => {
+            let r = decode!(SigmaPutFileReq);
+            let data = r.blob.map(|b| b.iov).unwrap_or_default();
+            let res = put_file(inner, &r.path, r.perm, r.mode, &data, r.offset);
+            if res.is_ok() {
+                inner.waiters.wake();
+            }
+            size_rep(res)
+        }
+        api::REMOVE => {
+            let r = decode!(SigmaPathReq);
+            let res = match paths::parse(&r.path) {
+                Ok(Target::Ux(rel)) => inner.ux_remove(&r.path, rel),
+                Ok(Target::S3 { bucket, key }) => inner
+                    .cfg
+                    .store
+                    .remove(bucket, key)
+                    .map_err(|e| store_rerr(e, &r.path)),
+                Err(e) => Err(e),
+            };
+            if res.is_ok() {
+                inner.waiters.wake();
+            }
+            err_rep(res)
+        }
+        api::RENAME => {
+            let r = decode!(SigmaRenameReq);
+            let res = rename(inner, &r.src, &r.dst);
+            if res.is_ok() {
+                inner.waiters.wake();
+            }
+            err_rep(res)
+        }
+        api::DIR_WATCH => {
+            let r = decode!(SigmaReadReq);
+            fd_rep(dir_watch(inner, conn, r.fd))
+        }
+        _ => rpc_err(ECODE_NOTFOUND, &method, ""),
+    })
+}
+
+/// Parks a blocking call within the connection's bound; over it, answers NoMem now.
+fn park(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, wait: Wait) -> Option<Frames> {
+    if conn.waiting.load(Ordering::SeqCst) >= inner.cfg.limits.max_waiters {
+        return Some(match wait {
+            Wait::Open { .. } => fd_rep(Err(rerr(
+                ECODE_NOMEM,
+                "",
+                "too many waiting calls on this connection",
+            ))),
+            Wait::WatchRead { .. } => data_rep(Err(rerr(
+                ECODE_NOMEM,
+                "",
+                "too many waiting calls on this connection",
+            ))),
+            Wait::Evict => err_rep(Err(rerr(
+                ECODE_NOMEM,
+                "",
+                "too many waiting calls on this connection",
+            ))),
+        });
+    }
+    waiters::park(inner, conn, seqno, wait);
+    None
+}
+
+fn stat(inner: &Inner, path: &str, id: &Identity) -> Result<TstatProto, Rerror> {
+    match paths::parse(path)? {
+        Target::Ux(rel) => inner.ux_stat(path, rel, &id.uid),
+        Target::S3 { bucket, key } => inner.s3_stat(path, bucket, key, &id.uid),
+    }
+}
+
+fn create(inner: &Inner, conn: &Conn, path: &str, perm: u32, mode: u32) -> Result<u32, Rerror> {
+    let h = match paths::parse(path)? {
+        Target::Ux(rel) => inner.ux_create(path, rel, perm, mode)?,
+        Target::S3 { bucket, key } => inner.s3_create(path, bucket, key, perm)?,
+    };
+    lock(&conn.fds).insert(h)
+}
+
+pub fn open(inner: &Inner, conn: &Conn, path: &str, mode: u32) -> Result<u32, Rerror> {
+    let h = match paths::parse(path)? {
+        Target::Ux(rel) => inner.ux_open(path, rel, mode)?,
+        Target::S3 { bucket, key } => {
+            let fds = lock(&conn.fds);
+            let h = inner.s3_open(&fds, path, bucket, key, mode)?;
+            drop(fds);
+            h
+        }
+    };
+    lock(&conn.fds).insert(h)
+}
+
+fn list(inner: &Inner, src: &DirSource, uid: &str) -> Result<Vec<TstatProto>, Rerror> {
+    match src {
+        DirSource::Ux(rel) => inner.ux_list(rel, uid),
+        DirSource::S3 { bucket, prefix } => inner.s3_list(bucket, prefix, uid),
+    }
+}
+
+fn names(inner: &Inner, src: &DirSource) -> Result<BTreeSet<String>, Rerror> {
+    Ok(list(inner, src, "")?.into_iter().map(|s| s.name).collect())
+}
+
+fn read(
+    inner: &Inner,
+    conn: &Conn,
+    id: &Identity,
+    fd: u32,
+    size: u64,
+    off: u64,
+) -> Result<Vec<u8>, Rerror> {
+    let max = max_io(inner);
+    let obj = fd.to_string();
+    // A directory's listing is built outside the fd table's lock.
+    let src = {
+        let t = lock(&conn.fds);
+        match t.get(fd)? {
+            Handle::Dir {
+                src, listing: None, ..
+            } => Some(src.clone()),
+            _ => None,
+        }
+    };
+    let fresh = match src {
+        Some(src) => Some(dirent::encode_dir(&list(inner, &src, &id.uid)?)),
+        None => None,
+    };
+    lock(&conn.fds).with(fd, |h, room| match h {
+        Handle::File {
+            file,
+            off: cur,
+            mode,
+        } => {
+            if *mode & 3 == OWRITE {
+                return Err(rerr(ECODE_PERM, &obj, "fd not open for reading"));
+            }
+            fds::read_file(file, cur, size, off, max, &obj)
+        }
+        Handle::Dir {
+            listing, off: cur, ..
+        } => {
+            if listing.is_none() {
+                let l = fresh.unwrap_or_default();
+                if l.len() as u64 > room {
+                    return Err(rerr(ECODE_NOMEM, &obj, "directory listing over budget"));
+                }
+                *listing = Some(l);
+            }
+            let l = listing.as_deref().unwrap_or_default();
+            Ok(fds::read_dir(l, cur, size.min(max), off))
+        }
+        Handle::ObjRead { data, off: cur } => Ok(fds::read_buf(data, cur, size, off, max)),
+        Handle::ObjWrite { .. } => Err(rerr(ECODE_PERM, &obj, "fd not open for reading")),
+        Handle::Watch { .. } => Err(rerr(ECODE_INVAL, &obj, "watch fd")),
+    })
+}
+
+fn write(inner: &Inner, conn: &Conn, fd: u32, data: &[Vec<u8>]) -> Result<u64, Rerror> {
+    let obj = fd.to_string();
+    lock(&conn.fds).with(fd, |h, room| match h {
+        Handle::File { file, off, mode } => {
+            if *mode & 3 == OREAD || *mode & 3 == OEXEC {
+                return Err(rerr(ECODE_PERM, &obj, "fd not open for writing"));
+            }
+            fds::write_file(file, off, *mode, data, &inner.quota, &obj)
+        }
+        Handle::ObjWrite { buf, off, .. } => {
+            fds::write_buf(buf, off, data, room, inner.max_object(), &obj)
+        }
+        Handle::Dir { .. } | Handle::Watch { .. } => Err(rerr(ECODE_ISDIR, &obj, "")),
+        Handle::ObjRead { .. } => Err(rerr(ECODE_PERM, &obj, "fd not open for writing")),
+    })
+}
+
+fn seek(conn: &Conn, fd: u32, to: u64) -> Result<(), Rerror> {
+    lock(&conn.fds).with(fd, |h, _| match h {
+        Handle::File { off, .. }
+        | Handle::ObjRead { off, .. }
+        | Handle::ObjWrite { off, .. }
+        | Handle::Dir { off, .. } => {
+            *off = to;
+            Ok(())
+        }
+        Handle::Watch { .. } => Err(rerr(ECODE_ISDIR, &fd.to_string(), "")),
+    })
+}
+
+fn close_fd(inner: &Inner, conn: &Conn, fd: u32) -> Result<(), Rerror> {
+    let h = lock(&conn.fds).remove(fd)?;
+    if let Handle::ObjWrite {
+        bucket, key, buf, ..
+    } = h
+    {
+        inner
+            .cfg
+            .store
+            .put(&bucket, &key, &buf)
+            .map_err(|e| store_rerr(e, &key))?;
+        inner.waiters.wake();
+    }
+    Ok(())
+}
+
+fn get_file(inner: &Inner, path: &str) -> Result<Vec<u8>, Rerror> {
+    let max = max_io(inner);
+    match paths::parse(path)? {
+        Target::Ux(rel) => inner.ux_get_file(path, rel, max),
+        Target::S3 { bucket, key } => inner.s3_get_file(path, bucket, key, max),
+    }
+}
+
+fn put_file(
+    inner: &Inner,
+    path: &str,
+    perm: u32,
+    mode: u32,
+    data: &[Vec<u8>],
+    offset: u64,
+) -> Result<u64, Rerror> {
+    let offset = if offset == NO_OFFSET { 0 } else { offset };
+    match paths::parse(path)? {
+        Target::Ux(rel) => inner.ux_put_file(path, rel, perm, mode, data, offset),
+        Target::S3 { bucket, key } => inner.s3_put_file(path, bucket, key, mode, data, offset),
+    }
+}
+
+fn rename(inner: &Inner, src: &str, dst: &str) -> Result<(), Rerror> {
+    match (paths::parse(src)?, paths::parse(dst)?) {
+        (Target::Ux(a), Target::Ux(b)) => inner.ux_rename(src, a, dst, b),
+        (
+            Target::S3 {
+                bucket: ba,
+                key: ka,
+            },
+            Target::S3 {
+                bucket: bb,
+                key: kb,
+            },
+        ) if ba == bb => inner
+            .cfg
+            .store
+            .rename(ba, ka, kb)
+            .map_err(|e| store_rerr(e, src)),
+        _ => Err(rerr(
+            ECODE_NOTSUPPORTED,
+            src,
+            "rename across servers or buckets",
+        )),
+    }
+}
+
+/// A watch on the directory open at `fd`: the names the fd's listing showed (or the
+/// current ones if it was never read) are the baseline for the events.
+fn dir_watch(inner: &Inner, conn: &Conn, fd: u32) -> Result<u32, Rerror> {
+    let (src, listing) = {
+        let t = lock(&conn.fds);
+        match t.get(fd)? {
+            Handle::Dir { src, listing, .. } => (src.clone(), listing.clone()),
+            _ => return Err(rerr(ECODE_NOTDIR, &fd.to_string(), "")),
+        }
+    };
+    let known = match listing {
+        Some(l) => dirent::decode_dir(&l)
+            .map_err(|e| rerr(ECODE_ERROR, &fd.to_string(), &e))?
+            .into_iter()
+            .map(|s| s.name)
+            .collect(),
+        None => names(inner, &src)?,
+    };
+    lock(&conn.fds).insert(Handle::Watch {
+        src,
+        known,
+        pending: Vec::new(),
+    })
+}
+
+fn is_watch(conn: &Conn, fd: u32) -> bool {
+    matches!(lock(&conn.fds).get(fd), Ok(Handle::Watch { .. }))
+}
+
+/// A read of a watch fd: pending event bytes, or new events since the last read, or
+/// `None` when nothing changed (the call is parked). A closed watch fd reads as σOS's
+/// Closed error, which ends a DirWatcher cleanly.
+pub fn watch_read(
+    inner: &Inner,
+    conn: &Conn,
+    fd: u32,
+    size: u64,
+) -> Option<Result<Vec<u8>, Rerror>> {
+    let obj = fd.to_string();
+    let src = match lock(&conn.fds).get(fd) {
+        Ok(Handle::Watch { src, pending, .. }) if pending.is_empty() => Some(src.clone()),
+        Ok(Handle::Watch { .. }) => None,
+        _ => return Some(Err(rerr(ECODE_CLOSED, &obj, "watch closed"))),
+    };
+    let now = match src {
+        Some(src) => match names(inner, &src) {
+            Ok(n) => Some(n),
+            Err(e) if e.err_code == ECODE_NOTFOUND => Some(BTreeSet::new()),
+            Err(e) => return Some(Err(e)),
+        },
+        None => None,
+    };
+    let r = lock(&conn.fds).with(fd, |h, room| {
+        let Handle::Watch { known, pending, .. } = h else {
+            return Err(rerr(ECODE_CLOSED, &obj, "watch closed"));
+        };
+        if let Some(now) = now {
+            if pending.is_empty() {
+                if let Some(ev) = dirent::diff(known, &now) {
+                    let rec = dirent::encode_watch(&ev);
+                    if rec.len() as u64 > room {
+                        return Err(rerr(ECODE_NOMEM, &obj, "watch events over budget"));
+                    }
+                    *pending = rec;
+                    *known = now;
+                }
+            }
+        }
+        if size == 0 {
+            return Ok(Some(Vec::new()));
+        }
+        if pending.is_empty() {
+            return Ok(None);
+        }
+        let n = usize::try_from(size)
+            .unwrap_or(usize::MAX)
+            .min(pending.len());
+        Ok(Some(pending.drain(..n).collect::<Vec<u8>>()))
+    });
+    match r {
+        Ok(Some(b)) => Some(Ok(b)),
+        Ok(None) => None,
+        Err(e) => Some(Err(e)),
+    }
+}

@@ -1,0 +1,94 @@
+//! Proc state, one per connection: what Init named (pid, principal), the ClntId the server
+//! gave it, and what it reported (Started, Exited). Two procs on one server never see each
+//! other's identity.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::proto::ProcEnvProto;
+
+use super::lock;
+
+/// What one proc reported.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcState {
+    pub started: bool,
+    pub exited: Option<(u32, String)>,
+    /// `pidStr` given at Init.
+    pub pid: Option<String>,
+    /// The ClntId the server gave this connection at Init.
+    pub clnt_id: Option<u64>,
+    /// Requests served: on this connection in [`Registry::all`], on all connections in
+    /// [`Registry::primary`].
+    pub calls: u64,
+}
+
+/// A connection's identity once Init succeeded.
+#[derive(Clone)]
+pub struct Identity {
+    /// Owner reported in Stat replies: the principal, else the pid.
+    pub uid: String,
+    pub clnt_id: u64,
+    pub state: Arc<Mutex<ProcState>>,
+}
+
+/// Most procs remembered for reporting; older ones are forgotten first.
+const MAX_PROCS: usize = 4096;
+
+#[derive(Default)]
+pub struct Registry {
+    procs: Mutex<Vec<Arc<Mutex<ProcState>>>>,
+    calls: AtomicU64,
+    next_clnt: AtomicU64,
+    ids: RandomState,
+}
+
+impl Registry {
+    pub fn count_call(&self) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Registers a proc from its ProcEnv at Init.
+    pub fn init(&self, pe: &ProcEnvProto) -> Identity {
+        let uid = pe
+            .principal
+            .as_ref()
+            .map(|p| p.i_d_str.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| pe.pid_str.clone());
+        let mut h = self.ids.build_hasher();
+        h.write_u64(self.next_clnt.fetch_add(1, Ordering::Relaxed));
+        let clnt_id = h.finish() & (u64::MAX >> 1);
+        let state = Arc::new(Mutex::new(ProcState {
+            pid: Some(pe.pid_str.clone()),
+            clnt_id: Some(clnt_id),
+            ..ProcState::default()
+        }));
+        let mut procs = lock(&self.procs);
+        if procs.len() >= MAX_PROCS {
+            let i = 1.min(procs.len() - 1);
+            procs.remove(i);
+        }
+        procs.push(state.clone());
+        Identity {
+            uid,
+            clnt_id,
+            state,
+        }
+    }
+
+    pub fn primary(&self) -> ProcState {
+        let mut st = lock(&self.procs)
+            .first()
+            .map(|s| lock(s).clone())
+            .unwrap_or_default();
+        st.calls = self.calls.load(Ordering::Relaxed);
+        st
+    }
+
+    pub fn all(&self) -> Vec<ProcState> {
+        lock(&self.procs).iter().map(|s| lock(s).clone()).collect()
+    }
+}

@@ -1,0 +1,3 @@
+module sigma-supervise/goclient
+
+go 1.22
