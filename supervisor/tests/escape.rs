@@ -486,3 +486,42 @@ fn the_proc_has_no_capability_and_is_not_root() {
         );
     }
 }
+
+#[test]
+fn everyday_runs_work_for_root_and_for_an_unprivileged_user() {
+    // The same programs behave the same whoever starts the supervisor.
+    let code = "import json, subprocess, sys, os, tempfile\n\
+                d = tempfile.mkdtemp(); open(os.path.join(d, 'f'), 'w').write('x')\n\
+                r = subprocess.run([sys.executable, '-c', 'import sys; sys.exit(3)'])\n\
+                open('out.txt', 'w').write('written')\n\
+                print(json.dumps({'rc': r.returncode, 'uid': os.getuid(), 'pid': os.getpid()}))";
+    for ctx in contexts() {
+        let w = workdir(ctx);
+        let mut c = if ctx.unprivileged {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(&shared().0);
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_sigma-supervise"))
+        };
+        let o = c
+            .current_dir(w.path())
+            .env("HOME", w.path())
+            .env_remove("XDG_CACHE_HOME")
+            .args(["--profile", ctx.profile, "/usr/bin/python3", "-c", code])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "[{ctx:?}] {}", out(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            r#"{"rc": 3, "uid": 1000, "pid": 2}"#,
+            "[{ctx:?}]"
+        );
+        // The working directory is the proc's: the file landed, owned by the starter.
+        let f = w.path().join("out.txt");
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "written");
+        let uid = std::fs::metadata(&f).unwrap().uid();
+        assert_eq!(uid, if ctx.unprivileged { NOBODY } else { 0 }, "[{ctx:?}]");
+    }
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Jail set-up cost, side by side in one run: every variant of one command is run in turn,
+round after round (so load on the machine hits them alike), and the medians are compared.
+
+Variants: bare; `unshare -Urmpf --mount-proc` (the namespace floor: user, mount, pid);
+bubblewrap building a comparable view (user, mount, pid and network namespaces, read-only
+/usr, /lib*, /bin, /etc, the interpreter's prefix, tmpfs /tmp, /dev, /proc);
+`sigma-supervise --no-jail`; `sigma-supervise` (the σcontainer: user, mount, pid, network,
+IPC, UTS namespaces, pivot_root, curated /etc, Landlock, seccomp).
+
+    python3 scripts/bench-jail.py -n 40                        # /bin/true, python3 -c pass, import json
+    python3 scripts/bench-jail.py -n 40 --only true
+
+Needs bwrap (Debian's bubblewrap). The supervisor defaults to target/release/sigma-supervise.
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def default_supervisor() -> str:
+    root = Path(__file__).resolve().parent.parent
+    target = Path(os.environ.get("CARGO_TARGET_DIR", root / "target"))
+    return str(target / "release" / "sigma-supervise")
+
+
+def real_python() -> str:
+    out = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def bwrap_view(prefix: str) -> list[str]:
+    args = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--die-with-parent",
+            "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc",
+            "--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc"]
+    for d in ("/bin", "/sbin", "/lib", "/lib64"):
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    if not prefix.startswith("/usr"):
+        args += ["--ro-bind", prefix, prefix]
+    return args
+
+
+def timed(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/tmp")
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        sys.exit(f"bench-jail: {' '.join(cmd)} exited {r.returncode}")
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=30, help="rounds (default 30)")
+    ap.add_argument("--supervisor", default=default_supervisor())
+    ap.add_argument("--only", choices=["true", "pass", "json"], action="append")
+    args = ap.parse_args()
+    if not shutil.which("bwrap"):
+        sys.exit("bench-jail: bwrap not found (apt-get install bubblewrap)")
+    py = real_python()
+    prefix = str(Path(py).resolve().parent.parent)
+    workloads = {
+        "true": ["/bin/true"],
+        "pass": [py, "-c", "pass"],
+        "json": [py, "-c", "import json"],
+    }
+    sup = args.supervisor
+    for name in args.only or list(workloads):
+        cmd = workloads[name]
+        variants = {
+            "bare": cmd,
+            "unshare -Urmpf": ["unshare", "-Urmpf", "--mount-proc"] + cmd,
+            "bwrap": bwrap_view(prefix) + cmd,
+            "sigma-supervise --no-jail": [sup, "--no-jail"] + cmd,
+            "sigma-supervise (jailed)": [sup] + cmd,
+        }
+        times = {k: [] for k in variants}
+        for k, c in variants.items():  # warm-up
+            timed(c)
+        for _ in range(args.n):
+            for k, c in variants.items():
+                times[k].append(timed(c))
+        med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+        print(f"\n{' '.join(cmd)}  ({args.n} rounds, medians)")
+        print(f"{'variant':28} {'ms':>8} {'over bare ms':>13} {'÷ bare':>8}")
+        for k in variants:
+            print(f"{k:28} {med[k]:8.2f} {med[k] - med['bare']:13.2f} {med[k] / med['bare']:8.2f}")
+        jail_over = med["sigma-supervise (jailed)"] - med["bare"]
+        bwrap_over = med["bwrap"] - med["bare"]
+        if bwrap_over > 0:
+            print(f"jailed overhead / bwrap overhead = {jail_over / bwrap_over:.2f}")
+
+
+main()
