@@ -278,3 +278,9 @@ pub fn userns_available() -> Result<(), String> {
 pub fn close_fds_from(first: u32) {
     sys::close_from(first)
 }
+
+/// The Landlock ABI version of this kernel (0 when Landlock is off or missing). Signal and
+/// abstract-socket scoping need 6.
+pub fn landlock_abi() -> i64 {
+    sys::landlock_abi()
+}

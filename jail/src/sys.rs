@@ -263,3 +263,18 @@ pub fn idmap_tree(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> Result<(), Er
     };
     Errno::result(rc).map(drop)
 }
+
+/// The Landlock ABI version this kernel offers (0: none).
+pub fn landlock_abi() -> i64 {
+    const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns the ABI number.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    r.max(0)
+}

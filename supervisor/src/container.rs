@@ -177,6 +177,19 @@ impl JailOpts {
             cpus: self.cpus,
         };
         spec.landlock = !self.no_landlock;
+        if spec.landlock {
+            match jail::landlock_abi() {
+                0 => eprintln!(
+                    "sigma-supervise: warning: Landlock is not available on this kernel: the \
+                     jail runs without its second layer"
+                ),
+                n if n < 6 => eprintln!(
+                    "sigma-supervise: warning: Landlock ABI {n} (< 6): signals and abstract \
+                     sockets are not scoped by Landlock (the pid and network namespaces still are)"
+                ),
+                _ => {}
+            }
+        }
         spec.grace = Duration::from_secs_f64(self.grace);
         Ok(Some(spec))
     }
