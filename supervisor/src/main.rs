@@ -172,6 +172,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     let mut kernel_served = None;
     if let Some(r) = &mut realm {
         r.compile_with = realm::python_of(&program);
+        if r.compile_with.is_some() {
+            r.prefetch = realm::imports_of(&cli.command);
+        }
         kernel_served = r.kernel_served();
         if kernel_served.is_none() {
             serves.push(r.serve_rule());

@@ -33,6 +33,9 @@ use std::time::{Duration, Instant};
 /// How long a failed fetch of a package is answered from memory before it is tried again.
 pub const FAIL_TTL: Duration = Duration::from_secs(10);
 
+/// Packages prefetched at once (each install streams, decompresses and hashes on its own thread).
+const PREFETCH_PARALLEL: usize = 4;
+
 /// Realm options of `sigma-supervise`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RealmOpts {
@@ -57,11 +60,18 @@ pub struct RealmOpts {
     /// Bound on reaching the bucket (connect, request, retries) before a call fails, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 2.0)]
     pub fetch_timeout: f64,
+
+    /// Do not start fetching the packages a Python command names (`-c CODE`, `-m MOD`, or the
+    /// script's `import` lines) before the target asks for them.
+    #[arg(long)]
+    pub no_prefetch: bool,
 }
 
 /// The realm's host paths, known before the target starts (no network, no threads).
 pub struct RealmPlan {
     pub opts: RealmOpts,
+    /// Names fetched in parallel as soon as the realm starts (see [`imports_of`]).
+    pub prefetch: Vec<String>,
     /// Interpreter that byte-compiles a package after this run installs it (the target's own
     /// python, so the `.pyc` files match it); `None`: no compile.
     pub compile_with: Option<PathBuf>,
@@ -111,6 +121,7 @@ impl RealmPlan {
         std::fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
         Ok(Some(RealmPlan {
             opts: opts.clone(),
+            prefetch: Vec::new(),
             compile_with: None,
             bucket,
             root,
@@ -188,6 +199,7 @@ impl RealmPlan {
             .with_context(|| format!("bucket {}", self.bucket))?;
         let cache = RealmCache::open(&self.root, &self.opts.realm, store, cfg)
             .with_context(|| format!("realm {}", self.opts.realm))?;
+        let cache = std::sync::Arc::new(cache);
         let reported = Mutex::new(HashSet::new());
         let index = match rt.block_on(cache.index()) {
             Ok(i) => Some(i),
@@ -196,6 +208,24 @@ impl RealmPlan {
                 None
             }
         };
+        if index.is_some() && !self.prefetch.is_empty() && !self.opts.no_prefetch {
+            // Fetch what the command names while the interpreter starts; the target's own
+            // calls join these installs (single flight) instead of starting them.
+            let (cache, names) = (cache.clone(), self.prefetch.clone());
+            rt.spawn(async move {
+                match cache.prefetch(&names, PREFETCH_PARALLEL).await {
+                    Ok(outs) => {
+                        for o in outs {
+                            match o {
+                                Ok(o) => tracing::debug!(package = %o.package, "prefetched"),
+                                Err(e) => tracing::debug!(error = %e, "prefetch failed"),
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "prefetch failed"),
+                }
+            });
+        }
         let entries: Vec<TopLevelEntry> = index
             .as_deref()
             .map(Index::top_level_entries)
@@ -235,8 +265,8 @@ impl Resolver for KernelServed {
 
     fn report(&self) -> Option<String> {
         Some(format!(
-            "sigma-supervise realm {} ({}): all {} packages installed; lib dir mounted \
-             read-only, served by the kernel\n",
+            "sigma-supervise realm {} ({}): backend kernel (bind mount): all {} packages \
+             installed; lib dir mounted read-only, served by the kernel\n",
             self.realm, self.bucket, self.packages
         ))
     }
@@ -321,7 +351,7 @@ pub struct RealmResolver {
     /// Top-level entry → owning package (from the realm's index).
     owners: HashMap<String, String>,
     superlib: Served,
-    cache: RealmCache,
+    cache: std::sync::Arc<RealmCache>,
     rt: tokio::runtime::Runtime,
     /// Packages known complete (saves the marker stat).
     installed: Mutex<HashSet<String>>,
@@ -348,6 +378,75 @@ pub fn cache_tag_of(python: &Path) -> Option<String> {
 pub fn python_of(program: &Path) -> Option<PathBuf> {
     let name = program.file_name()?.to_str()?;
     name.starts_with("python").then(|| program.to_path_buf())
+}
+
+/// Top-level module names a Python command line is about to import, for prefetching: the
+/// `import` lines of `-c CODE` or of the script (its first MiB), or the `-m` module. A
+/// heuristic: a name missed here is fetched when the target first touches it, a name found
+/// here that no package provides is ignored.
+pub fn imports_of(command: &[std::ffi::OsString]) -> Vec<String> {
+    let mut args = command.iter().skip(1).map(|a| a.to_string_lossy());
+    let mut source = None;
+    while let Some(a) = args.next() {
+        match &*a {
+            "-c" => {
+                source = args.next().map(|c| c.into_owned());
+                break;
+            }
+            "-m" => return args.next().map(|m| top_name(&m)).into_iter().collect(),
+            "-X" | "-W" | "--check-hash-based-pycs" => {
+                args.next();
+            }
+            s if s.starts_with("-c") && s.len() > 2 => {
+                source = Some(s[2..].to_owned());
+                break;
+            }
+            s if s.starts_with('-') => {}
+            _ => {
+                // The script: its path as given, not as lossily decoded.
+                let script = &command[command.len() - args.len() - 1];
+                let mut text = Vec::new();
+                if let Ok(f) = std::fs::File::open(script) {
+                    use std::io::Read as _;
+                    let _ = f.take(1 << 20).read_to_end(&mut text);
+                }
+                source = Some(String::from_utf8_lossy(&text).into_owned());
+                break;
+            }
+        }
+    }
+    let mut names: Vec<String> = Vec::new();
+    for stmt in source.iter().flat_map(|s| s.split(['\n', ';'])) {
+        let stmt = stmt.trim();
+        let found: Vec<String> = if let Some(rest) = stmt.strip_prefix("import ") {
+            rest.split(',')
+                .filter_map(|n| n.split_whitespace().next())
+                .map(top_name)
+                .collect()
+        } else if let Some(rest) = stmt.strip_prefix("from ") {
+            rest.split_whitespace()
+                .next()
+                .filter(|m| !m.starts_with('.'))
+                .map(top_name)
+                .into_iter()
+                .collect()
+        } else {
+            continue;
+        };
+        for n in found {
+            let ident = !n.is_empty()
+                && n.chars().all(|c| c.is_alphanumeric() || c == '_')
+                && !n.starts_with(|c: char| c.is_ascii_digit());
+            if ident && !names.contains(&n) {
+                names.push(n);
+            }
+        }
+    }
+    names
+}
+
+fn top_name(dotted: &str) -> String {
+    dotted.split('.').next().unwrap_or("").to_owned()
 }
 
 fn first_component(rest: &Path) -> Option<&str> {
@@ -451,8 +550,8 @@ impl Resolver for RealmResolver {
     fn report(&self) -> Option<String> {
         let s = self.cache.stats();
         Some(format!(
-            "sigma-supervise realm {} ({}): fetched {} packages, {} bytes, {} GETs; installed {}; \
-             cache hits {}; fetch time {:.3} ms\n",
+            "sigma-supervise realm {} ({}): backend notification: fetched {} packages, {} bytes, \
+             {} GETs; installed {}; cache hits {}; fetch time {:.3} ms\n",
             self.realm,
             self.bucket,
             s.packages_fetched,
@@ -530,6 +629,45 @@ mod tests {
     }
 
     #[test]
+    fn imports_named_by_a_python_command() {
+        let cmd = |a: &[&str]| imports_of(&a.iter().map(|s| s.into()).collect::<Vec<_>>());
+        assert_eq!(
+            cmd(&[
+                "python3",
+                "-I",
+                "-c",
+                "import numpy as np, six; from pandas.core import x"
+            ]),
+            ["numpy", "six", "pandas"]
+        );
+        assert_eq!(
+            cmd(&[
+                "python3",
+                "-X",
+                "importtime",
+                "-c",
+                "from . import x;import a.b"
+            ]),
+            ["a"]
+        );
+        assert_eq!(cmd(&["python3", "-m", "pytest.main", "-q"]), ["pytest"]);
+        let tmp = tempfile::tempdir().unwrap();
+        let script = tmp.path().join("s.py");
+        std::fs::write(
+            &script,
+            "#!/usr/bin/env python3\nimport os\n  import yaml\nx = 'import'\n",
+        )
+        .unwrap();
+        let s = script.to_str().unwrap();
+        assert_eq!(
+            cmd(&["python3", "-u", s, "-c", "import no"]),
+            ["os", "yaml"]
+        );
+        assert!(cmd(&["python3", "/nonexistent.py"]).is_empty());
+        assert!(cmd(&["python3"]).is_empty());
+    }
+
+    #[test]
     fn errnos_of_fetch_failures() {
         let nf = FetchError::NoSuchPackage {
             bucket: "b".into(),
@@ -552,6 +690,7 @@ mod tests {
             cache_dir: Some(tmp.path().to_path_buf()),
             lib_prefix: "/sigma/lib".into(),
             fetch_timeout: 2.0,
+            no_prefetch: false,
         };
         let plan = RealmPlan::new(&opts).unwrap().unwrap();
         assert!(plan.lib.is_dir());
