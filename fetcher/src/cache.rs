@@ -586,7 +586,8 @@ impl RealmCache {
         self.realm_dir.join("state").join(format!("{pkg}.pending"))
     }
 
-    fn cas_path(&self, sha: &str) -> PathBuf {
+    /// Where the CAS keeps the verified file with this sha256.
+    pub fn cas_path(&self, sha: &str) -> PathBuf {
         self.root.join("cas").join(sha)
     }
 

@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 mod handlers;
+mod lazyfs;
 mod policy;
 mod publish;
 mod realm;
@@ -170,6 +171,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     let mut serves = cli.serve.clone();
     // A realm with nothing left to fetch is mounted, not served (see RealmPlan::kernel_served).
     let mut kernel_served = None;
+    let mut lazy = None;
     if let Some(r) = &mut realm {
         r.compile_with = realm::python_of(&program);
         if r.compile_with.is_some() {
@@ -177,7 +179,10 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         }
         kernel_served = r.kernel_served();
         if kernel_served.is_none() {
-            serves.push(r.serve_rule());
+            lazy = r.lazy_image();
+            if lazy.is_none() {
+                serves.push(r.serve_rule());
+            }
         }
         std::env::set_var(
             "PYTHONPATH",
@@ -209,15 +214,20 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         if kernel_served.is_some() {
             prepared.bind_read_only(&r.lib, &r.opts.lib_prefix)?;
         }
+        if let Some(img) = &lazy {
+            prepared.bind_read_only(&img.mnt, &r.opts.lib_prefix)?;
+        }
         prepared.hide_also(&r.root)?;
     }
     let child = spawn::spawn(prepared)?;
     api.start();
     // Threads (the fetch runtime) only after fork; the child waits for `go`.
     let resolver: Box<dyn serve::Resolver> = match realm {
-        Some(r) => match kernel_served {
-            Some(n) => Box::new(r.kernel_served_resolver(n)),
-            None => Box::new(r.start()?),
+        Some(r) => match (kernel_served, lazy) {
+            (Some(n), _) => Box::new(r.kernel_served_resolver(n)),
+            // Marked before the target is released: its first touch already waits for a fill.
+            (None, Some(img)) => Box::new(r.start_lazy(img)?),
+            (None, None) => Box::new(r.start()?),
         },
         None => Box::new(serve::LocalDirs),
     };

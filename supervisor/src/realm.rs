@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a failed fetch of a package is answered from memory before it is tried again.
@@ -65,6 +65,12 @@ pub struct RealmOpts {
     /// script's `import` lines) before the target asks for them.
     #[arg(long)]
     pub no_prefetch: bool,
+
+    /// Serve a realm that is not completely installed from a lazily filled ext4 image (placeholders
+    /// filled by the kernel's pre-content events on first touch; root only). Falls back to
+    /// notifications where that is not possible, and on a realm's first run (no index snapshot).
+    #[arg(long)]
+    pub lazy: bool,
 }
 
 /// The realm's host paths, known before the target starts (no network, no threads).
@@ -155,6 +161,51 @@ impl RealmPlan {
         Some(n)
     }
 
+    /// With `--lazy`: the realm's image (materialised from its index snapshot, mounted), to be
+    /// bind-mounted read-only at the prefix and served by [`start_lazy`](Self::start_lazy).
+    /// `None` (serve through notifications): no `--lazy`, no snapshot yet, or no image possible
+    /// (said once on stderr).
+    pub fn lazy_image(&self) -> Option<crate::lazyfs::LazyImage> {
+        if !self.opts.lazy {
+            return None;
+        }
+        let snapshot = self.realm_dir.join("index.json");
+        let index = Index::from_json(&self.bucket, &std::fs::read(snapshot).ok()?).ok()?;
+        let prefix = &self.opts.lib_prefix;
+        if !prefix.is_dir() && std::fs::create_dir_all(prefix).is_err() {
+            return None;
+        }
+        match crate::lazyfs::LazyImage::prepare(&self.realm_dir, &index) {
+            Ok(img) => Some(img),
+            Err(e) => {
+                eprintln!(
+                    "sigma-supervise: realm {}: lazy backend unavailable ({e}); serving by \
+                     notification",
+                    self.opts.realm
+                );
+                None
+            }
+        }
+    }
+
+    /// Serve `image` (already bound at the prefix): mark it and answer its first touches.
+    pub fn start_lazy(self, image: crate::lazyfs::LazyImage) -> anyhow::Result<LazyServed> {
+        let (rt, cache, reported, _index) = self.open_cache()?;
+        let (realm, bucket) = (self.opts.realm.clone(), self.bucket.clone());
+        let report: Arc<dyn Fn(&FetchError) + Send + Sync> =
+            Arc::new(move |e| report_once(&reported, &realm, &bucket, e));
+        let server =
+            crate::lazyfs::FillServer::start(image, cache.clone(), rt.handle().clone(), report)
+                .map_err(|e| anyhow!("realm {}: {e}", self.opts.realm))?;
+        Ok(LazyServed {
+            realm: self.opts.realm,
+            bucket: self.bucket,
+            stats: server.stats,
+            cache,
+            _rt: rt,
+        })
+    }
+
     /// The realm when [`kernel_served`](Self::kernel_served): only its `--stats` line.
     pub fn kernel_served_resolver(self, packages: usize) -> KernelServed {
         KernelServed {
@@ -183,7 +234,17 @@ impl RealmPlan {
     /// Open the store and the realm cache, get the realm's index (its snapshot, else one GET
     /// bounded by the fetch timeout) and build the superlib. Starts threads: call after fork.
     /// An unreachable index is reported and leaves an empty library, not an error.
-    pub fn start(self) -> anyhow::Result<RealmResolver> {
+    /// The fetch runtime, the realm cache and its index (reported, `None`, if unreachable);
+    /// prefetch started. Starts threads: call after fork.
+    #[allow(clippy::type_complexity)]
+    fn open_cache(
+        &self,
+    ) -> anyhow::Result<(
+        tokio::runtime::Runtime,
+        Arc<RealmCache>,
+        Arc<Mutex<HashSet<String>>>,
+        Option<Arc<Index>>,
+    )> {
         let cfg = FetchConfig {
             overall_timeout: Duration::from_secs_f64(self.opts.fetch_timeout),
             ..FetchConfig::default()
@@ -199,8 +260,8 @@ impl RealmPlan {
             .with_context(|| format!("bucket {}", self.bucket))?;
         let cache = RealmCache::open(&self.root, &self.opts.realm, store, cfg)
             .with_context(|| format!("realm {}", self.opts.realm))?;
-        let cache = std::sync::Arc::new(cache);
-        let reported = Mutex::new(HashSet::new());
+        let cache = Arc::new(cache);
+        let reported = Arc::new(Mutex::new(HashSet::new()));
         let index = match rt.block_on(cache.index()) {
             Ok(i) => Some(i),
             Err(e) => {
@@ -226,6 +287,11 @@ impl RealmPlan {
                 }
             });
         }
+        Ok((rt, cache, reported, index))
+    }
+
+    pub fn start(self) -> anyhow::Result<RealmResolver> {
+        let (rt, cache, reported, index) = self.open_cache()?;
         let entries: Vec<TopLevelEntry> = index
             .as_deref()
             .map(Index::top_level_entries)
@@ -248,6 +314,40 @@ impl RealmPlan {
             cache_tag: self.compile_with.as_deref().and_then(cache_tag_of),
             compile_with: self.compile_with,
         })
+    }
+}
+
+/// A realm image bind-mounted at the prefix, filled on first touch: nothing reaches the
+/// notification path.
+pub struct LazyServed {
+    realm: String,
+    bucket: String,
+    stats: Arc<crate::lazyfs::FillStats>,
+    cache: Arc<RealmCache>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Resolver for LazyServed {
+    fn lookup<'a>(&'a self, _served: &'a Served, _rest: &Path) -> Lookup<'a> {
+        Lookup::Local
+    }
+
+    fn report(&self) -> Option<String> {
+        let (f, c) = (&self.stats, self.cache.stats());
+        Some(format!(
+            "sigma-supervise realm {} ({}): backend lazy (ext4 image, pre-content events): \
+             filled {} files, {} bytes; already present {}; denied {}; fetched {} packages, \
+             {} bytes, {} GETs\n",
+            self.realm,
+            self.bucket,
+            f.filled.load(Ordering::Relaxed),
+            f.bytes.load(Ordering::Relaxed),
+            f.present.load(Ordering::Relaxed),
+            f.denied.load(Ordering::Relaxed),
+            c.packages_fetched,
+            c.bytes_fetched,
+            c.gets
+        ))
     }
 }
 
@@ -351,13 +451,13 @@ pub struct RealmResolver {
     /// Top-level entry → owning package (from the realm's index).
     owners: HashMap<String, String>,
     superlib: Served,
-    cache: std::sync::Arc<RealmCache>,
+    cache: Arc<RealmCache>,
     rt: tokio::runtime::Runtime,
     /// Packages known complete (saves the marker stat).
     installed: Mutex<HashSet<String>>,
     /// Package → when its fetch failed and with which errno.
     failed: Mutex<HashMap<String, (Instant, Errno)>>,
-    reported: Mutex<HashSet<String>>,
+    reported: Arc<Mutex<HashSet<String>>>,
     inline_hits: AtomicU64,
     compile_with: Option<PathBuf>,
     /// `cpython-311` for `python3.11`, when the interpreter's file name tells.
@@ -691,6 +791,7 @@ mod tests {
             lib_prefix: "/sigma/lib".into(),
             fetch_timeout: 2.0,
             no_prefetch: false,
+            lazy: false,
         };
         let plan = RealmPlan::new(&opts).unwrap().unwrap();
         assert!(plan.lib.is_dir());
