@@ -15,7 +15,10 @@
 //!
 //! Every supervisor that exposes the image holds its own group and mark, so a reader is never
 //! unwatched while its supervisor lives; concurrent supervisors of a realm fill a file with the
-//! same verified bytes.
+//! same verified bytes. A fill writes through the host mount (the reader's event fd may be on a
+//! read-only bind); the events that raises are allowed at once by every server, which knows a
+//! peer by its executable (a target running this binary could read a placeholder's zeros for
+//! itself, never anyone else's file).
 //! Needs `CAP_SYS_ADMIN` in the initial namespace (mount, fanotify); without it the
 //! notification path serves the realm.
 #![forbid(unsafe_code)]
@@ -301,6 +304,8 @@ impl FillServer {
             waiting: Mutex::new(HashMap::new()),
             report,
             me: std::process::id() as i32,
+            exe: std::fs::read_link("/proc/self/exe").ok(),
+            peers: Mutex::new(HashMap::new()),
         });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..FILL_THREADS {
@@ -351,6 +356,10 @@ struct Server {
     waiting: Mutex<HashMap<u64, Vec<FanotifyEvent>>>,
     report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
     me: i32,
+    /// This binary, to recognise the fills of other supervisors.
+    exe: Option<PathBuf>,
+    /// Pid → whether it runs this binary (pids of targets are asked once).
+    peers: Mutex<HashMap<i32, bool>>,
 }
 
 /// Why a fill failed: the reader gets EIO either way.
@@ -364,6 +373,20 @@ impl Server {
         if let Err(e) = self.fan.write_response(FanotifyResponse::new(fd, response)) {
             tracing::warn!(error = %e, "fanotify response failed");
         }
+    }
+
+    /// Whether `pid` is this process or another process running this supervisor binary.
+    fn is_fill_server(&self, pid: i32) -> bool {
+        if pid == self.me {
+            return true;
+        }
+        if let Some(&known) = lock(&self.peers).get(&pid) {
+            return known;
+        }
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let peer = exe.is_some() && exe == self.exe;
+        lock(&self.peers).insert(pid, peer);
+        peer
     }
 
     fn run(&self, fills: std::sync::mpsc::Sender<u64>) {
@@ -386,8 +409,9 @@ impl Server {
             };
             for ev in events {
                 let Some(fd) = ev.fd() else { continue };
-                if ev.pid() == self.me {
-                    // This process's own fill or check.
+                if self.is_fill_server(ev.pid()) {
+                    // A fill or check by this or another supervisor of the image (each has its
+                    // own group and mark): never make one server wait for another.
                     self.respond(fd, Response::FAN_ALLOW);
                     continue;
                 }
