@@ -80,6 +80,8 @@ struct Placeholder {
 pub struct LazyImage {
     /// Where the image is mounted on the host (the jail binds it read-only at the prefix).
     pub mnt: PathBuf,
+    /// `BOOT_ID INODE` per completed file (see [`FillServer::start`]).
+    filled_log: PathBuf,
     /// Inode number → placeholder.
     files: HashMap<u64, Placeholder>,
 }
@@ -194,7 +196,15 @@ impl LazyImage {
             std::fs::rename(&tmp, &map).map_err(io("rename", &map))?;
             files
         };
-        Ok(LazyImage { mnt, files })
+        let filled_log = base.join(format!("{key}.filled"));
+        if !complete {
+            let _ = std::fs::remove_file(&filled_log);
+        }
+        Ok(LazyImage {
+            mnt,
+            filled_log,
+            files,
+        })
     }
 }
 
@@ -284,13 +294,44 @@ impl FillServer {
             EventFFlags::O_RDONLY | EventFFlags::O_LARGEFILE,
         )
         .map_err(|source| LazyError::Fanotify { op: "init", source })?;
+        let root = std::fs::File::open(&image.mnt).map_err(io("open", &image.mnt))?;
         fan.mark(
             MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
             mask(),
-            std::fs::File::open(&image.mnt).map_err(io("open", &image.mnt))?,
+            &root,
             None::<&Path>,
         )
         .map_err(|source| LazyError::Fanotify { op: "mark", source })?;
+        // Files completed earlier in this boot need no event at all: ignore marks by path (a
+        // lookup, not an open). After a crash of the machine the log's boot id differs, and
+        // each file is verified by its hash on its first touch instead.
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|b| b.trim().to_owned())
+            .unwrap_or_default();
+        let mut done = HashSet::new();
+        for line in std::fs::read_to_string(&image.filled_log)
+            .unwrap_or_default()
+            .lines()
+        {
+            let Some((b, ino)) = line.split_once(' ') else {
+                continue;
+            };
+            let Some(p) = ino
+                .parse()
+                .ok()
+                .and_then(|i: u64| image.files.get(&i).map(|p| (i, p)))
+            else {
+                continue;
+            };
+            if b == boot && !boot.is_empty() && done.insert(p.0) {
+                let _ = fan.mark(ignore_flags(), mask(), &root, Some(Path::new(&p.1.path)));
+            }
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&image.filled_log)
+            .map_err(io("open", &image.filled_log))?;
         let stats = Arc::new(FillStats::default());
         let (tx, rx) = std::sync::mpsc::channel::<u64>();
         let server = Arc::new(Server {
@@ -300,7 +341,9 @@ impl FillServer {
             cache,
             rt,
             stats: stats.clone(),
-            done: Mutex::new(HashSet::new()),
+            done: Mutex::new(done),
+            log: Mutex::new(log),
+            boot,
             waiting: Mutex::new(HashMap::new()),
             report,
             me: std::process::id() as i32,
@@ -334,6 +377,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// An ignore mark for one file: no more events for it in this group.
+fn ignore_flags() -> MarkFlags {
+    MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_IGNORE | MarkFlags::FAN_MARK_IGNORED_SURV_MODIFY
+}
+
 fn mask() -> MaskFlags {
     MaskFlags::from_bits_retain(MaskFlags::FAN_OPEN_PERM.bits() | FAN_PRE_ACCESS)
 }
@@ -352,6 +400,9 @@ struct Server {
     stats: Arc<FillStats>,
     /// Inodes known complete by this server.
     done: Mutex<HashSet<u64>>,
+    /// Appends `BOOT_ID INODE` for every completed file.
+    log: Mutex<std::fs::File>,
+    boot: String,
     /// Inode being filled → the events (readers) waiting for it.
     waiting: Mutex<HashMap<u64, Vec<FanotifyEvent>>>,
     report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
@@ -446,16 +497,16 @@ impl Server {
         let result = self.fill(p);
         if result.is_ok() {
             lock(&self.done).insert(ino);
+            use std::io::Write as _;
+            // One short append (atomic for O_APPEND): concurrent supervisors interleave lines.
+            let _ = lock(&self.log).write_all(format!("{} {ino}\n", self.boot).as_bytes());
         }
         let events = lock(&self.waiting).remove(&ino).unwrap_or_default();
         match result {
             Ok(()) => {
                 // No more events for this file: from now on it is plain page cache.
-                let ignore = MarkFlags::FAN_MARK_ADD
-                    | MarkFlags::FAN_MARK_IGNORE
-                    | MarkFlags::FAN_MARK_IGNORED_SURV_MODIFY;
                 if let Some(fd) = events.first().and_then(FanotifyEvent::fd) {
-                    if let Err(e) = self.fan.mark(ignore, mask(), fd, None::<&Path>) {
+                    if let Err(e) = self.fan.mark(ignore_flags(), mask(), fd, None::<&Path>) {
                         tracing::debug!(error = %e, "ignore mark");
                     }
                 }
