@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--wheel", action="append", default=None,
                     help="wheel to publish and install (repeat; the first is imported)")
     ap.add_argument("--uv", default=shutil.which("uv"))
+    ap.add_argument("--baseline", default=None, metavar="SUPERVISOR",
+                    help="another sigma-supervise build: adds its cold and new-realm runs")
     ap.add_argument("--minio", default=str(ci_cache() / "bin" / "minio"))
     args = ap.parse_args()
     py = real_python(args.python)
@@ -130,8 +132,8 @@ def main() -> None:
         uv_env = dict(aws, UV_NO_PROGRESS="1", UV_PYTHON_DOWNLOADS="never")
 
         def supervised(cache: Path, bucket: str = "s3://libs", realm: str = "bench",
-                       lazy: bool = False) -> list[str]:
-            return [sup, *(["--lazy"] if lazy else []), "--realm", realm, "--bucket", bucket,
+                       lazy: bool = False, binary: str = sup) -> list[str]:
+            return [binary, *(["--lazy"] if lazy else []), "--realm", realm, "--bucket", bucket,
                     "--cache-dir", str(cache), py, "-c", code]
 
         def uv_install(venv: Path, cache: Path) -> float:
@@ -184,6 +186,11 @@ def main() -> None:
                 side("new realm", lambda: run(supervised(warm, realm=f"new-{i}"), env=aws)),
                 side("warm", lambda: run(supervised(warm), env=aws)),
             ]
+            if args.baseline:
+                sides.append(side("cold base", lambda: run(
+                    supervised(work / f"base-cold-cache-{i}", binary=args.baseline), env=aws)))
+                sides.append(side("new realm base", lambda: run(
+                    supervised(warm, realm=f"base-new-{i}", binary=args.baseline), env=aws)))
             if extra:
                 sides.append(side("partial",
                                   lambda: run(supervised(partial, "s3://libs2"), env=aws)))
@@ -198,11 +205,12 @@ def main() -> None:
         print(f"wheels {', '.join(Path(w).name for w in wheels)}; {args.n} rounds, "
               f"rotating order; python {py}; {subprocess.run([args.uv, '--version'], capture_output=True, text=True).stdout.strip()}")
         for name, v in times.items():
-            print(f"  {name:10} median {med[name] * 1e3:8.1f} ms  "
+            print(f"  {name:14} median {med[name] * 1e3:8.1f} ms  "
                   f"(min {min(v) * 1e3:.1f}, max {max(v) * 1e3:.1f})")
         goals = [("cold", "uv cold", 0.5), ("cold", "uv warm", None), ("cold", "pip", None),
                  ("new realm", "bare", 1.2), ("warm", "bare", 1.05), ("partial", "bare", 1.10),
-                 ("partial lazy", "bare", 1.10)]
+                 ("partial lazy", "bare", 1.10), ("cold", "cold base", None),
+                 ("new realm", "new realm base", None), ("new realm base", "bare", None)]
         for a_, b_, goal in goals:
             if a_ in med and b_ in med:
                 g = f" (goal <= {goal})" if goal else ""

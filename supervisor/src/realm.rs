@@ -20,7 +20,7 @@
 use crate::serve::{Lookup, Resolver, Served};
 use anyhow::{anyhow, Context as _};
 use fetcher::index::TopLevelEntry;
-use fetcher::store::{open_store, StoreOptions};
+use fetcher::store::{lazy::LazyStore, StoreOptions};
 use fetcher::{FetchConfig, FetchError, Index, RealmCache};
 use nix::errno::Errno;
 use std::collections::{HashMap, HashSet};
@@ -255,9 +255,11 @@ impl RealmPlan {
             .enable_all()
             .build()
             .context("starting the fetch runtime")?;
-        let store = rt
-            .block_on(open_store(&self.bucket, &StoreOptions::default(), &cfg))
-            .with_context(|| format!("bucket {}", self.bucket))?;
+        // Connected on first use: a realm served from its snapshot and cache never needs it.
+        let store: Arc<dyn fetcher::Store> = Arc::new(
+            LazyStore::new(&self.bucket, &StoreOptions::default(), &cfg)
+                .with_context(|| format!("bucket {}", self.bucket))?,
+        );
         let cache = RealmCache::open(&self.root, &self.opts.realm, store, cfg)
             .with_context(|| format!("realm {}", self.opts.realm))?;
         let cache = Arc::new(cache);
