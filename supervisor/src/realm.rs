@@ -508,7 +508,10 @@ pub fn imports_of(command: &[std::ffi::OsString]) -> Vec<String> {
                 // The script: its path as given, not as lossily decoded.
                 let script = &command[command.len() - args.len() - 1];
                 let mut text = Vec::new();
-                if let Ok(f) = std::fs::File::open(script) {
+                // Regular files only: a FIFO or /dev/stdin would block here or eat the
+                // target's input.
+                let regular = std::fs::metadata(script).is_ok_and(|m| m.is_file());
+                if let Some(f) = regular.then(|| std::fs::File::open(script).ok()).flatten() {
                     use std::io::Read as _;
                     let _ = f.take(1 << 20).read_to_end(&mut text);
                 }
@@ -766,6 +769,11 @@ mod tests {
             ["os", "yaml"]
         );
         assert!(cmd(&["python3", "/nonexistent.py"]).is_empty());
+        assert!(
+            cmd(&["python3", "/dev/stdin"]).is_empty(),
+            "never reads a device"
+        );
+        assert!(cmd(&["python3", tmp.path().to_str().unwrap()]).is_empty());
         assert!(cmd(&["python3"]).is_empty());
     }
 
