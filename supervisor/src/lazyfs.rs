@@ -302,13 +302,15 @@ impl FillServer {
             None::<&Path>,
         )
         .map_err(|source| LazyError::Fanotify { op: "mark", source })?;
-        // Files completed earlier in this boot need no event at all: ignore marks by path (a
-        // lookup, not an open). After a crash of the machine the log's boot id differs, and
-        // each file is verified by its hash on its first touch instead.
+        // Files completed earlier in this boot: answered at once from `done`, and given ignore
+        // marks by path (a lookup, not an open) on the event thread before it reads events, so
+        // the target's start does not wait for them. After a crash of the machine the log's
+        // boot id differs, and each file is verified by its hash on its first touch instead.
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .map(|b| b.trim().to_owned())
             .unwrap_or_default();
         let mut done = HashSet::new();
+        let mut ignores = Vec::new();
         for line in std::fs::read_to_string(&image.filled_log)
             .unwrap_or_default()
             .lines()
@@ -324,7 +326,7 @@ impl FillServer {
                 continue;
             };
             if b == boot && !boot.is_empty() && done.insert(p.0) {
-                let _ = fan.mark(ignore_flags(), mask(), &root, Some(Path::new(&p.1.path)));
+                ignores.push(p.1.path.clone());
             }
         }
         let log = std::fs::OpenOptions::new()
@@ -366,7 +368,14 @@ impl FillServer {
         }
         std::thread::Builder::new()
             .name("sigma-fanotify".into())
-            .spawn(move || server.run(tx))
+            .spawn(move || {
+                for path in ignores {
+                    let _ = server
+                        .fan
+                        .mark(ignore_flags(), mask(), &root, Some(Path::new(&path)));
+                }
+                server.run(tx)
+            })
             .map_err(io("spawn", Path::new("sigma-fanotify")))?;
         Ok(FillServer { stats })
     }

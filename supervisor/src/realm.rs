@@ -190,7 +190,7 @@ impl RealmPlan {
 
     /// Serve `image` (already bound at the prefix): mark it and answer its first touches.
     pub fn start_lazy(self, image: crate::lazyfs::LazyImage) -> anyhow::Result<LazyServed> {
-        let (rt, cache, reported, _index) = self.open_cache()?;
+        let (rt, cache, reported, _) = self.open_cache(false)?;
         let (realm, bucket) = (self.opts.realm.clone(), self.bucket.clone());
         let report: Arc<dyn Fn(&FetchError) + Send + Sync> =
             Arc::new(move |e| report_once(&reported, &realm, &bucket, e));
@@ -239,6 +239,7 @@ impl RealmPlan {
     #[allow(clippy::type_complexity)]
     fn open_cache(
         &self,
+        load_index: bool,
     ) -> anyhow::Result<(
         tokio::runtime::Runtime,
         Arc<RealmCache>,
@@ -264,14 +265,18 @@ impl RealmPlan {
             .with_context(|| format!("realm {}", self.opts.realm))?;
         let cache = Arc::new(cache);
         let reported = Arc::new(Mutex::new(HashSet::new()));
-        let index = match rt.block_on(cache.index()) {
-            Ok(i) => Some(i),
-            Err(e) => {
+        // The lazy backend needs no index up front (its image map names every file): the
+        // fetcher loads it on the first fill, off the target's start-up.
+        let index = match load_index.then(|| rt.block_on(cache.index())) {
+            Some(Ok(i)) => Some(i),
+            Some(Err(e)) => {
                 report_once(&reported, &self.opts.realm, &self.bucket, &e);
                 None
             }
+            None => None,
         };
-        if index.is_some() && !self.prefetch.is_empty() && !self.opts.no_prefetch {
+        let usable = index.is_some() || !load_index;
+        if usable && !self.prefetch.is_empty() && !self.opts.no_prefetch {
             // Fetch what the command names while the interpreter starts; the target's own
             // calls join these installs (single flight) instead of starting them.
             let (cache, names) = (cache.clone(), self.prefetch.clone());
@@ -293,7 +298,7 @@ impl RealmPlan {
     }
 
     pub fn start(self) -> anyhow::Result<RealmResolver> {
-        let (rt, cache, reported, index) = self.open_cache()?;
+        let (rt, cache, reported, index) = self.open_cache(true)?;
         let entries: Vec<TopLevelEntry> = index
             .as_deref()
             .map(Index::top_level_entries)
