@@ -165,6 +165,8 @@ pub struct RealmCache {
     failures: Mutex<HashMap<String, (Instant, FetchError)>>,
     /// `<root>/unsynced` names this boot (see the module docs).
     stamped: AtomicBool,
+    /// See [`RealmCache::set_file_hook`].
+    hook: Mutex<Option<Arc<FileHook>>>,
     counters: Counters,
 }
 
@@ -359,6 +361,7 @@ impl RealmCache {
             inflight: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
             stamped: AtomicBool::new(false),
+            hook: Mutex::new(None),
             counters: Counters::default(),
         };
         recover_after_crash(&cache.root)?;
@@ -562,6 +565,15 @@ impl RealmCache {
             .await)
     }
 
+    /// Have `hook` called with every file a download of this cache verifies, as it is verified.
+    pub fn set_file_hook(&self, hook: Arc<FileHook>) {
+        *lock(&self.hook) = Some(hook);
+    }
+
+    fn hook(&self) -> Option<Arc<FileHook>> {
+        lock(&self.hook).clone()
+    }
+
     /// Record that this boot has unflushed installs under the root (flushed once per boot).
     fn stamp_unsynced(&self) -> Result<()> {
         if self.stamped.load(Ordering::Relaxed) {
@@ -721,13 +733,13 @@ impl RealmCache {
             }
         }
         let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(32);
-        let (pkg2, root) = (pkg.clone(), self.root.clone());
+        let (pkg2, root, hook) = (pkg.clone(), self.root.clone(), self.hook());
         let unpack = tokio::task::spawn_blocking(move || {
             let reader = ChannelReader {
                 rx,
                 chunk: bytes::Bytes::new(),
             };
-            unpack_tree(&pkg2, reader, &root, &tree)
+            unpack_tree(&pkg2, reader, &root, &tree, hook.as_deref())
         });
         let mut n = 0u64;
         let mut body = obj.body;
@@ -768,6 +780,11 @@ impl RealmCache {
         Ok(n)
     }
 }
+
+/// Called on the unpacker's thread with each file's sha256 and staged path as soon as the file
+/// is verified against the index (before the rest of its package): a reader waiting for that
+/// file can have it now. The staged file is removed after the install; copy, do not keep.
+pub type FileHook = dyn Fn(&str, &Path) + Send + Sync;
 
 /// The archive body as a blocking `Read`, for the unpacker's thread.
 struct ChannelReader {
@@ -880,7 +897,13 @@ fn flock_blocking(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
 /// the stored copy, so identical files share an inode). No file is created twice, none is
 /// deleted on the first install of its content, nothing is flushed (see the module docs).
 /// Bytes that do not decode are an integrity failure. Runs in a blocking thread.
-fn unpack_tree(pkg: &Package, archive: impl Read, root: &Path, tree: &Path) -> Result<()> {
+fn unpack_tree(
+    pkg: &Package,
+    archive: impl Read,
+    root: &Path,
+    tree: &Path,
+    on_verified: Option<&FileHook>,
+) -> Result<()> {
     let expected: HashMap<&str, (&str, u64)> = pkg
         .files
         .iter()
@@ -979,6 +1002,10 @@ fn unpack_tree(pkg: &Package, archive: impl Read, root: &Path, tree: &Path) -> R
                 format!("sha256 {sha} size {size}"),
                 format!("sha256 {got} size {n}"),
             ));
+        }
+        if let Some(hook) = on_verified {
+            drop(out);
+            hook(sha, &dst);
         }
         verified.push((dst, sha));
     }
@@ -1321,6 +1348,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_file_hook_sees_each_verified_file_before_the_install_ends() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let cache =
+            RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
+        let seen: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+        let s2 = seen.clone();
+        cache.set_file_hook(Arc::new(move |sha: &str, path: &Path| {
+            lock(&s2).push((sha.to_owned(), std::fs::read(path).unwrap()));
+        }));
+        cache.ensure("demo").await.unwrap();
+        let seen = lock(&seen);
+        assert_eq!(seen.len(), 4, "every file once");
+        for (sha, data) in seen.iter() {
+            let got = hex::encode(Sha256::digest(data));
+            assert_eq!(&got, sha, "the hook gets verified bytes");
+        }
+    }
+
+    #[tokio::test]
     async fn prefetch_installs_named_packages_and_skips_unknown_names() {
         let tmp = tempfile::tempdir().unwrap();
         let store = published(tmp.path()).await;
@@ -1363,6 +1410,7 @@ mod tests {
             &data[..],
             &tmp.path().join("c"),
             &tmp.path().join("t"),
+            None,
         )
         .unwrap_err();
         assert!(matches!(err, FetchError::IntegrityMismatch { .. }), "{err}");
@@ -1374,6 +1422,7 @@ mod tests {
             &data[..],
             &tmp.path().join("c"),
             &tmp.path().join("t2"),
+            None,
         )
         .unwrap_err();
         assert!(err.to_string().contains("sha256"), "{err}");

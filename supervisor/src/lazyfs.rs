@@ -339,6 +339,12 @@ impl FillServer {
         let server = Arc::new(Server {
             fan,
             mnt: image.mnt,
+            by_sha: image.files.iter().fold(HashMap::new(), |mut m, (ino, p)| {
+                m.entry(p.sha256.clone())
+                    .or_insert_with(Vec::new)
+                    .push(*ino);
+                m
+            }),
             files: image.files,
             cache,
             rt,
@@ -352,6 +358,16 @@ impl FillServer {
             exe: std::fs::read_link("/proc/self/exe").ok(),
             peers: Mutex::new(HashMap::new()),
         });
+        // Stream: a reader waiting for a file is released as soon as the unpacker has verified
+        // that file, not when its whole package is installed.
+        let weak = Arc::downgrade(&server);
+        server
+            .cache
+            .set_file_hook(Arc::new(move |sha: &str, staged: &Path| {
+                if let Some(server) = weak.upgrade() {
+                    server.verified(sha, staged);
+                }
+            }));
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..FILL_THREADS {
             let (server, rx) = (server.clone(), rx.clone());
@@ -404,6 +420,8 @@ struct Server {
     fan: Fanotify,
     mnt: PathBuf,
     files: HashMap<u64, Placeholder>,
+    /// sha256 → the placeholders with that content.
+    by_sha: HashMap<String, Vec<u64>>,
     cache: Arc<RealmCache>,
     rt: tokio::runtime::Handle,
     stats: Arc<FillStats>,
@@ -503,9 +521,27 @@ impl Server {
         let Some(p) = self.files.get(&ino) else {
             return;
         };
-        let result = self.fill(p);
-        if result.is_ok() {
-            lock(&self.done).insert(ino);
+        let result = self.fill(p, ino);
+        self.finish(ino, p, result);
+    }
+
+    /// A file the unpacker just verified: fill the placeholders readers are waiting for.
+    fn verified(&self, sha: &str, staged: &Path) {
+        for &ino in self.by_sha.get(sha).into_iter().flatten() {
+            if !lock(&self.waiting).contains_key(&ino) || lock(&self.done).contains(&ino) {
+                continue;
+            }
+            let p = &self.files[&ino];
+            // On failure the worker fills it from the CAS once the install ends.
+            if self.fill_from(p, staged).is_ok() {
+                self.finish(ino, p, Ok(()));
+            }
+        }
+    }
+
+    /// Record the outcome for `ino` and answer every reader waiting for it (once).
+    fn finish(&self, ino: u64, p: &Placeholder, result: Result<(), FillError>) {
+        if result.is_ok() && lock(&self.done).insert(ino) {
             use std::io::Write as _;
             // One short append (atomic for O_APPEND): concurrent supervisors interleave lines.
             let _ = lock(&self.log).write_all(format!("{} {ino}\n", self.boot).as_bytes());
@@ -542,8 +578,7 @@ impl Server {
         }
     }
 
-    fn fill(&self, p: &Placeholder) -> Result<(), FillError> {
-        use std::os::unix::fs::FileExt;
+    fn fill(&self, p: &Placeholder, ino: u64) -> Result<(), FillError> {
         let path = self.mnt.join(&p.path);
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -556,17 +591,30 @@ impl Server {
             return Ok(());
         }
         let first = p.path.split('/').next().unwrap_or(&p.path);
+        drop(file);
         self.rt
             .block_on(self.cache.ensure(first))
             .map_err(FillError::Fetch)?;
-        // The CAS holds verified bytes (the fetcher hashed them against the index).
-        let data = std::fs::read(self.cache.cas_path(&p.sha256)).map_err(FillError::Local)?;
-        if data.len() as u64 != p.size {
-            return Err(FillError::Local(std::io::Error::other(
-                "size changed in the CAS",
-            )));
+        if lock(&self.done).contains(&ino) {
+            // Filled from the unpacker while the package streamed in.
+            return Ok(());
         }
-        file.write_all_at(&data, 0).map_err(FillError::Local)?;
+        // The CAS holds verified bytes (the fetcher hashed them against the index).
+        self.fill_from(p, &self.cache.cas_path(&p.sha256))
+            .map_err(FillError::Local)
+    }
+
+    /// Copy verified bytes from `src` into the placeholder (through the host mount).
+    fn fill_from(&self, p: &Placeholder, src: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let data = std::fs::read(src)?;
+        if data.len() as u64 != p.size {
+            return Err(std::io::Error::other("verified file has another size"));
+        }
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.mnt.join(&p.path))?;
+        file.write_all_at(&data, 0)?;
         self.stats.filled.fetch_add(1, Ordering::Relaxed);
         self.stats
             .bytes
