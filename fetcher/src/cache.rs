@@ -1353,7 +1353,8 @@ mod tests {
         let store = published(tmp.path()).await;
         let cache =
             RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
-        let seen: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+        type Seen = Mutex<Vec<(String, Vec<u8>)>>;
+        let seen: Arc<Seen> = Arc::default();
         let s2 = seen.clone();
         cache.set_file_hook(Arc::new(move |sha: &str, path: &Path| {
             lock(&s2).push((sha.to_owned(), std::fs::read(path).unwrap()));
