@@ -1,22 +1,26 @@
 #!/usr/bin/env python3
 """Realm library fetch, side by side in one run (alternating, medians, ratios):
 
-  (a) cold: `sigma-supervise --realm --bucket s3://… python3 -c 'import numpy'` with a fresh cache
-      root each run, from a MinIO on 127.0.0.1 started here
-      vs `pip install --no-index --no-deps --target FRESH numpy.whl` + `import numpy` from FRESH
-      (target: ratio <= 0.3)
-  (b) warm: the same supervised import with a warm cache root (every package of the realm
-      installed: the lib dir is mounted, no notifications)
-      vs bare `import numpy` from a site-packages-like dir (PYTHONPATH=dir) (target: <= 1.10)
-  (c) warm, served by notification: numpy installed, but the realm's bucket also lists a
-      package never imported (six), so the lib dir stays served through notifications
-      vs the same bare import (no target; reported so the cost of that mode stays visible)
+  cold       `sigma-supervise --realm --bucket s3://… python3 -c 'import numpy'`, fresh cache
+             root each round, from a MinIO on 127.0.0.1 started here
+  uv cold    `uv venv` + `uv pip install --no-index --no-deps` of the same local wheels with a
+             fresh uv cache + the import from the venv (goal: cold <= 0.5x uv cold)
+  uv warm    the same with a warm uv cache (fresh venv each round)
+  pip        `pip install --no-index --no-deps --target FRESH` + the import
+  bare       the import from a site-packages-like dir with .pyc files (PYTHONPATH=dir)
+  new realm  a realm never seen before on a warm cache root (content in the CAS; goal <= 1.2x bare)
+  warm       a warm realm: every package installed, lib dir mounted (goal <= 1.05x bare)
+  partial    numpy installed, the realm's bucket also lists six, never imported: the lib dir is
+             served through notifications (goal <= 1.10x bare)
+  partial lazy  the same realm served by the lazy backend (--lazy: ext4 image of placeholders,
+             files filled on first touch in an earlier run; steady state)
 
     cargo build --release -p sigma-supervise
-    python3 scripts/bench-fetch.py [-n 10] [--wheel numpy.whl]
+    python3 scripts/bench-fetch.py [-n 7] [--wheel numpy.whl --wheel six.whl]
 
-The wheel defaults to ${SIGMA_CACHE:-~/.cache/sigma-ci}/wheels/numpy__2.1.3/*.whl (the one the
-fetcher tests download); MinIO to ${SIGMA_CACHE}/bin/minio (scripts/minio.sh install).
+Wheels default to ${SIGMA_CACHE:-~/.cache/sigma-ci}/wheels/{numpy,six}__*/*.whl (the fetcher
+tests download numpy; `pip download --no-deps six -d DIR` for six); MinIO to
+${SIGMA_CACHE}/bin/minio (scripts/minio.sh install); uv from PATH (`pip install uv`).
 """
 import argparse
 import glob
@@ -72,16 +76,25 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=10, help="alternating pairs per comparison")
     ap.add_argument("--supervisor", default=default_supervisor())
     ap.add_argument("--python", default="python3")
-    ap.add_argument("--wheel", default=None)
+    ap.add_argument("--wheel", action="append", default=None,
+                    help="wheel to publish and install (repeat; the first is imported)")
+    ap.add_argument("--uv", default=shutil.which("uv"))
+    ap.add_argument("--baseline", default=None, metavar="SUPERVISOR",
+                    help="another sigma-supervise build: adds its cold and new-realm runs")
     ap.add_argument("--minio", default=str(ci_cache() / "bin" / "minio"))
     args = ap.parse_args()
     py = real_python(args.python)
     sup = args.supervisor
     if not os.access(sup, os.X_OK):
         sys.exit(f"bench-fetch: {sup} missing: cargo build --release -p sigma-supervise")
-    wheel = args.wheel or next(iter(sorted(glob.glob(str(ci_cache() / "wheels" / "numpy__*" / "*.whl")))), None)
-    if not wheel:
+    wheels = args.wheel or [w for w in (
+        next(iter(sorted(glob.glob(str(ci_cache() / "wheels" / f"{n}__*" / "*.whl")))), None)
+        for n in ("numpy", "six")) if w]
+    if not wheels or "numpy" not in Path(wheels[0]).name:
         sys.exit("bench-fetch: no numpy wheel: pass --wheel or run the fetcher tests once")
+    wheel = wheels[0]
+    if not args.uv:
+        sys.exit("bench-fetch: uv missing: pip install uv")
     if not os.access(args.minio, os.X_OK):
         sys.exit(f"bench-fetch: {args.minio} missing: scripts/minio.sh install")
 
@@ -110,66 +123,117 @@ def main() -> None:
         pydir = str(Path(py).parent)
         aws["PATH"] = pydir + ":" + aws.get("PATH", "")
         run([sup, "publish", "--bucket", "s3://libs", wheel], env=aws)
-        six = next(iter(sorted(glob.glob(str(ci_cache() / "wheels" / "six__*" / "*.whl")))), None)
-        if six:
+        extra = wheels[1:]
+        if extra:
             subprocess.run(["curl", "-fsS", "-X", "PUT", "--aws-sigv4", "aws:amz:us-east-1:s3",
                             "--user", f"{USER}:{PASS}", f"{endpoint}/libs2"], check=True)
-            run([sup, "publish", "--bucket", "s3://libs2", wheel, six], env=aws)
+            run([sup, "publish", "--bucket", "s3://libs2", *wheels], env=aws)
         code = "import numpy; numpy.arange(3).sum()"
+        uv_env = dict(aws, UV_NO_PROGRESS="1", UV_PYTHON_DOWNLOADS="never")
 
-        def supervised(cache: Path, bucket: str = "s3://libs") -> list[str]:
-            return [sup, "--realm", "bench", "--bucket", bucket, "--cache-dir", str(cache),
-                    py, "-c", code]
+        def supervised(cache: Path, bucket: str = "s3://libs", realm: str = "bench",
+                       lazy: bool = False, binary: str = sup) -> list[str]:
+            return [binary, *(["--lazy"] if lazy else []), "--realm", realm, "--bucket", bucket,
+                    "--cache-dir", str(cache), py, "-c", code]
 
-        # (a) cold, fresh cache root / fresh target dir each run. Nothing is deleted until the
-        # end: on a filesystem without a journal (ext4 nojournal), creating files right after
-        # thousands were deleted pays for skipping the recently freed inodes, which would charge
-        # one side for the other's cleanup.
-        cold_sup, cold_pip = [], []
-        for i in range(args.n):
-            cache = work / f"cold-cache-{i}"
-            cold_sup.append(run(supervised(cache), env=aws))
-            tgt = work / f"pip-target-{i}"
-            t = run([py, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                     "--disable-pip-version-check", "--target", str(tgt), wheel])
-            t += run([py, "-c", code], env=dict(aws, PYTHONPATH=str(tgt)))
-            cold_pip.append(t)
+        def uv_install(venv: Path, cache: Path) -> float:
+            t = run([args.uv, "venv", "--quiet", "--python", py, "--cache-dir", str(cache),
+                     str(venv)], env=uv_env)
+            t += run([args.uv, "pip", "install", "--quiet", "--no-index", "--no-deps",
+                      "--python", str(venv / "bin" / "python"), "--cache-dir", str(cache),
+                      wheel], env=uv_env)
+            return t + run([str(venv / "bin" / "python"), "-c", code], env=aws)
 
-        # (b) warm: a warm realm vs bare import from the last pip target (with its .pyc files).
-        site = work / f"pip-target-{args.n - 1}"
+        # Warm state for the warm sides.
         warm = work / "warm-cache"
         run(supervised(warm), env=aws)
         run(supervised(warm), env=aws)
         partial = work / "partial-cache"
-        if six:
+        partial_lazy = work / "partial-lazy-cache"
+        if extra:
             run(supervised(partial, "s3://libs2"), env=aws)
             run(supervised(partial, "s3://libs2"), env=aws)
-        warm_sup, bare, notified = [], [], []
-        for _ in range(args.n):
-            warm_sup.append(run(supervised(warm), env=aws))
-            bare.append(run([py, "-c", code], env=dict(aws, PYTHONPATH=str(site))))
-            if six:
-                notified.append(run(supervised(partial, "s3://libs2"), env=aws))
+            for _ in range(3):
+                run(supervised(partial_lazy, "s3://libs2", lazy=True), env=aws)
+        uv_warm_cache = work / "uv-warm-cache"
+        uv_install(work / "uv-warm-venv", uv_warm_cache)
+        site = work / "site"
+        run([py, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+             "--disable-pip-version-check", "--target", str(site), wheel])
+        run([py, "-c", code], env=dict(aws, PYTHONPATH=str(site)))
 
-        def report(name, a, an, b, bn, target):
-            ma, mb = statistics.median(a), statistics.median(b)
-            print(f"{name}: {an} median {ma * 1e3:.1f} ms | {bn} median {mb * 1e3:.1f} ms | "
-                  f"ratio {ma / mb:.3f} (target <= {target})")
+        # One round runs every side once, in a rotating order. Fresh dirs are never deleted
+        # until the end: on ext4 without a journal, creating files right after thousands were
+        # deleted pays for skipping the recently freed inodes, which would charge one side for
+        # another's cleanup.
+        times: dict[str, list[float]] = {}
 
-        print(f"numpy wheel {Path(wheel).name}, {args.n} alternating pairs each, python {py}")
-        report("cold", cold_sup, "supervised fetch+import", cold_pip, "pip install+import", 0.3)
-        report("warm", warm_sup, "supervised import", bare, "bare import", 1.10)
-        if six:
-            report("warm, served by notification", notified, "supervised import", bare,
-                   "bare import", "-")
-        stats = subprocess.run(supervised(warm)[:1] + ["--stats"] + supervised(warm)[1:],
-                               env=aws, capture_output=True, text=True)
-        for line in stats.stderr.splitlines():
-            if line.startswith("sigma-supervise"):
-                print("  " + line)
+        def side(name, fn):
+            return name, fn
+
+        for i in range(args.n):
+            sides = [
+                side("cold", lambda: run(supervised(work / f"cold-cache-{i}"), env=aws)),
+                side("uv cold", lambda: uv_install(work / f"uv-cold-venv-{i}",
+                                                   work / f"uv-cold-cache-{i}")),
+                side("uv warm", lambda: uv_install(work / f"uv-warm-venv-{i}", uv_warm_cache)),
+                side("pip", lambda: run([py, "-m", "pip", "install", "--quiet", "--no-index",
+                                         "--no-deps", "--disable-pip-version-check", "--target",
+                                         str(work / f"pip-target-{i}"), wheel])
+                     + run([py, "-c", code],
+                           env=dict(aws, PYTHONPATH=str(work / f"pip-target-{i}")))),
+                side("bare", lambda: run([py, "-c", code], env=dict(aws, PYTHONPATH=str(site)))),
+                side("new realm", lambda: run(supervised(warm, realm=f"new-{i}"), env=aws)),
+                side("warm", lambda: run(supervised(warm), env=aws)),
+            ]
+            if args.baseline:
+                sides.append(side("cold base", lambda: run(
+                    supervised(work / f"base-cold-cache-{i}", binary=args.baseline), env=aws)))
+                sides.append(side("new realm base", lambda: run(
+                    supervised(warm, realm=f"base-new-{i}", binary=args.baseline), env=aws)))
+            if extra:
+                sides.append(side("partial",
+                                  lambda: run(supervised(partial, "s3://libs2"), env=aws)))
+                sides.append(side("partial lazy",
+                                  lambda: run(supervised(partial_lazy, "s3://libs2", lazy=True),
+                                              env=aws)))
+            k = i % len(sides)
+            for name, fn in sides[k:] + sides[:k]:
+                times.setdefault(name, []).append(fn())
+
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"wheels {', '.join(Path(w).name for w in wheels)}; {args.n} rounds, "
+              f"rotating order; python {py}; {subprocess.run([args.uv, '--version'], capture_output=True, text=True).stdout.strip()}")
+        for name, v in times.items():
+            print(f"  {name:14} median {med[name] * 1e3:8.1f} ms  "
+                  f"(min {min(v) * 1e3:.1f}, max {max(v) * 1e3:.1f})")
+        goals = [("cold", "uv cold", 0.5), ("cold", "uv warm", None), ("cold", "pip", None),
+                 ("new realm", "bare", 1.2), ("warm", "bare", 1.05), ("partial", "bare", 1.10),
+                 ("partial lazy", "bare", 1.10), ("cold", "cold base", None),
+                 ("new realm", "new realm base", None), ("new realm base", "bare", None)]
+        for a_, b_, goal in goals:
+            if a_ in med and b_ in med:
+                g = f" (goal <= {goal})" if goal else ""
+                print(f"  {a_} / {b_}: {med[a_] / med[b_]:.3f}{g}")
+        for cache, bucket, lazy in [(warm, "s3://libs", False), (partial, "s3://libs2", False),
+                                    (partial_lazy, "s3://libs2", True)]:
+            if bucket == "s3://libs2" and not extra:
+                continue
+            cmd = supervised(cache, bucket, lazy=lazy)
+            stats = subprocess.run(cmd[:1] + ["--stats"] + cmd[1:], env=aws,
+                                   capture_output=True, text=True)
+            for line in stats.stderr.splitlines():
+                if line.startswith("sigma-supervise"):
+                    print("  " + line)
     finally:
         minio.terminate()
         minio.wait()
+        # Lazy realm images stay mounted for reuse: unmount this run's before removing it.
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                mnt = line.split(" ")[4]
+                if mnt.startswith(str(work)):
+                    subprocess.run(["umount", mnt], check=False)
         shutil.rmtree(work, ignore_errors=True)
 
 

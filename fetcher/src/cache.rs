@@ -2,34 +2,44 @@
 //!
 //! ```text
 //! <root>/cas/<sha256>                         every verified file, read-only, stored once
+//! <root>/unsynced                             boot id under which unflushed installs happened
 //! <root>/realms/<realm>/lib/<entries>         what the target sees (hard links into cas/)
 //! <root>/realms/<realm>/index.json            the realm's snapshot of the bucket index
 //! <root>/realms/<realm>/state/<pkg>.installed marker: the package is complete
 //! <root>/realms/<realm>/state/<pkg>.pending   entries being renamed into lib/ (crash journal)
 //! <root>/realms/<realm>/state/<pkg>.lock      flock: one installer per package per machine
-//! <root>/realms/<realm>/staging/<pkg>.<pid>.<rand>/   downloads and the staged tree
+//! <root>/realms/<realm>/staging/<pkg>.<pid>.<rand>/   the staged tree
 //! ```
 //!
-//! Install: download the archive to a staging name while hashing it → verify its sha256 and
-//! size → unpack, hashing every file against the index → syncfs → link into `cas/` → hard-link
-//! from `cas/` into a staged tree → syncfs → journal → rename each top-level entry into `lib/` →
-//! fsync `lib/` → write the marker. A killed install leaves only staging files and possibly a journal;
-//! both are cleaned (and journaled entries removed) before the next install of that package.
+//! Install: stream the archive from the store straight into the decompressor (no archive file,
+//! no archive hash: its size is checked, and every file it holds is hashed once against the
+//! index) → unpack into a staged tree → link each file into `cas/` → journal → rename each
+//! top-level entry into `lib/` → write the marker. A killed install leaves only staging files
+//! and possibly a journal; both are cleaned (and journaled entries removed) before the next
+//! install of that package.
+//!
+//! Durability is off the critical path: nothing is flushed before a reader is released. A
+//! file is valid because its hash matches, and the page cache survives a killed process, so
+//! only a crash of the machine can lose writes. Before its first unflushed write in a boot, an
+//! installer records the boot id in `<root>/unsynced` (flushed, once per boot). Opening a cache
+//! whose stamp names another boot re-hashes every `cas/` file, drops the bad ones and the
+//! markers of packages whose files are no longer all there, then flushes and removes the stamp:
+//! a crash leaves at worst a package to fetch again, never a wrong byte.
 //!
 //! Single flight: an in-process async mutex per package, then an exclusive `flock` on the
-//! package's lock file (other processes and supervisors), then a re-check of the marker.
+//! package's lock file (other processes and supervisors), then a re-check of the marker. Tasks
+//! that waited for an install that failed get its error instead of trying again at once.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 
 use crate::error::IoContext;
 use crate::index::{Encoding, Index, Package, INDEX_KEY};
@@ -106,6 +116,10 @@ struct Marker {
 /// it is. Reads only local files (no network, no threads).
 pub fn realm_complete(root: &Path, realm: &str) -> Result<Option<usize>> {
     check_realm(realm)?;
+    // Markers written before a crash are trusted only after RealmCache::open checked them.
+    if needs_recovery(root)? {
+        return Ok(None);
+    }
     let realm_dir = root.join("realms").join(realm);
     let path = realm_dir.join("index.json");
     let data = match std::fs::read(&path) {
@@ -146,6 +160,13 @@ pub struct RealmCache {
     installed: Mutex<HashSet<String>>,
     /// One async mutex per package: tasks of this process install one at a time.
     inflight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The last failed install of each package and when it ended: tasks that waited for it
+    /// get its error instead of a second bounded wait.
+    failures: Mutex<HashMap<String, (Instant, FetchError)>>,
+    /// `<root>/unsynced` names this boot (see the module docs).
+    stamped: AtomicBool,
+    /// See [`RealmCache::set_file_hook`].
+    hook: Mutex<Option<Arc<FileHook>>>,
     counters: Counters,
 }
 
@@ -196,6 +217,117 @@ fn pid_alive(pid: i32) -> bool {
     }
 }
 
+/// Name of the boot stamp under the cache root (see the module docs).
+const UNSYNCED: &str = "unsynced";
+
+/// This boot's id, as the kernel reports it.
+fn boot_id() -> Result<String> {
+    let p = "/proc/sys/kernel/random/boot_id";
+    std::fs::read_to_string(p)
+        .map(|s| s.trim().to_owned())
+        .ctx("read", p)
+}
+
+/// True if unflushed installs of an earlier boot may have been lost in a crash.
+fn needs_recovery(root: &Path) -> Result<bool> {
+    let stamp = root.join(UNSYNCED);
+    match std::fs::read_to_string(&stamp) {
+        Ok(b) => Ok(b.trim() != boot_id()?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(FetchError::io("read", stamp, e)),
+    }
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut h = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut h)?;
+    Ok(hex::encode(h.finalize()))
+}
+
+/// After a crash of the machine, trust nothing that was not flushed: keep the `cas/` files
+/// whose content matches their name, keep a package marker only if every file of the package
+/// is in the realm's lib dir as a link to a kept `cas/` file, drop index snapshots that do not
+/// parse; then flush and remove the stamp. One process does it (a lock); the rest wait.
+fn recover_after_crash(root: &Path) -> Result<()> {
+    if !needs_recovery(root)? {
+        return Ok(());
+    }
+    let _guard = flock_blocking(&root.join("recover.lock"))?;
+    if !needs_recovery(root)? {
+        return Ok(());
+    }
+    tracing::info!(root = %root.display(), "checking the cache after a crash");
+    let cas = root.join("cas");
+    let mut good: HashMap<String, (u64, u64)> = HashMap::new();
+    for e in std::fs::read_dir(&cas).ctx("list", &cas)? {
+        let e = e.ctx("list", &cas)?;
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ok = name.len() == 64 && sha256_file(&path).is_ok_and(|h| h == name);
+        if ok {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(&path).ctx("stat", &path)?;
+            good.insert(name, (m.dev(), m.ino()));
+        } else {
+            remove_any(&path)?;
+        }
+    }
+    let realms = root.join("realms");
+    let listing = match std::fs::read_dir(&realms) {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return finish_recovery(root);
+        }
+        Err(e) => return Err(FetchError::io("list", realms, e)),
+    };
+    for realm in listing {
+        let realm_dir = realm.ctx("list", &realms)?.path();
+        let (state, lib) = (realm_dir.join("state"), realm_dir.join("lib"));
+        let snapshot = realm_dir.join("index.json");
+        let index = std::fs::read(&snapshot)
+            .ok()
+            .and_then(|d| Index::from_json(&snapshot.display().to_string(), &d).ok());
+        let Some(index) = index else {
+            // No usable snapshot: no marker can be checked against it.
+            remove_any(&snapshot)?;
+            if let Ok(markers) = std::fs::read_dir(&state) {
+                for m in markers.flatten() {
+                    if m.file_name().to_string_lossy().ends_with(".installed") {
+                        remove_any(&m.path())?;
+                    }
+                }
+            }
+            continue;
+        };
+        for pkg in index.packages().values() {
+            let marker = state.join(format!("{}.installed", pkg.name));
+            if !marker.exists() {
+                continue;
+            }
+            let intact = std::fs::read(&marker)
+                .ok()
+                .and_then(|d| serde_json::from_slice::<Marker>(&d).ok())
+                .is_some_and(|m| m.archive_sha256 == pkg.archive.sha256)
+                && pkg.files.iter().all(|f| {
+                    use std::os::unix::fs::MetadataExt;
+                    std::fs::symlink_metadata(lib.join(&f.path))
+                        .is_ok_and(|m| good.get(&f.sha256) == Some(&(m.dev(), m.ino())))
+                });
+            if !intact {
+                remove_any(&marker)?;
+            }
+        }
+    }
+    finish_recovery(root)
+}
+
+fn finish_recovery(root: &Path) -> Result<()> {
+    sync_fs(root)?;
+    let stamp = root.join(UNSYNCED);
+    remove_any(&stamp)?;
+    fsync_dir(root)
+}
+
 impl RealmCache {
     /// Open (creating if needed) the realm `realm` under the cache root `root`, backed by
     /// `store`. Removes staging leftovers of processes that no longer exist. No network access.
@@ -227,8 +359,12 @@ impl RealmCache {
             index: tokio::sync::OnceCell::new(),
             installed: Mutex::new(HashSet::new()),
             inflight: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
+            stamped: AtomicBool::new(false),
+            hook: Mutex::new(None),
             counters: Counters::default(),
         };
+        recover_after_crash(&cache.root)?;
         cache.sweep_dead_staging()?;
         Ok(cache)
     }
@@ -279,6 +415,7 @@ impl RealmCache {
                     .bytes_fetched
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
                 Index::from_json(self.store.name(), &data)?;
+                self.stamp_unsynced()?;
                 let data = persist_first(&path, &data)?;
                 Ok(Arc::new(Index::from_json(self.store.name(), &data)?))
             })
@@ -313,7 +450,11 @@ impl RealmCache {
                 })
             })
             .unwrap_or(&pkg.top_level[0]);
-        let dir = self.lib.join(entry);
+        self.ensure_package(pkg, self.lib.join(entry)).await
+    }
+
+    /// Install `pkg` unless it is installed; `dir` is reported back in the outcome.
+    async fn ensure_package(&self, pkg: &Package, dir: PathBuf) -> Result<EnsureOutcome> {
         let hit = |cache: &Self| {
             cache.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
             EnsureOutcome {
@@ -332,9 +473,15 @@ impl RealmCache {
             .entry(pkg.name.clone())
             .or_default()
             .clone();
+        let waited_from = Instant::now();
         let _inproc = gate.lock().await;
         if lock(&self.installed).contains(&pkg.name) {
             return Ok(hit(self));
+        }
+        if let Some((at, e)) = lock(&self.failures).get(&pkg.name) {
+            if *at >= waited_from {
+                return Err(e.clone());
+            }
         }
         let lock_path = self
             .realm_dir
@@ -346,7 +493,13 @@ impl RealmCache {
             return Ok(hit(self));
         }
         let start = Instant::now();
-        let bytes = self.install(pkg).await?;
+        let bytes = match self.install(pkg).await {
+            Ok(b) => b,
+            Err(e) => {
+                lock(&self.failures).insert(pkg.name.clone(), (Instant::now(), e.clone()));
+                return Err(e);
+            }
+        };
         self.counters
             .fetch_nanos
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -385,6 +538,56 @@ impl RealmCache {
         lock(&self.installed).contains(package) || self.marker_path(package).exists()
     }
 
+    /// Install the packages providing `names` (import or top-level entry names; names no
+    /// package provides are skipped), `parallel` at a time: what a supervisor starts before its
+    /// target asks for anything. Returns each attempted install's outcome.
+    pub async fn prefetch(
+        &self,
+        names: &[String],
+        parallel: usize,
+    ) -> Result<Vec<Result<EnsureOutcome>>> {
+        use futures::StreamExt as _;
+        let index = self.index().await?;
+        let mut seen = HashSet::new();
+        let wanted: Vec<String> = names
+            .iter()
+            .filter(|n| {
+                index
+                    .package_for_name(n)
+                    .is_some_and(|p| seen.insert(p.name.clone()))
+            })
+            .cloned()
+            .collect();
+        Ok(futures::stream::iter(wanted)
+            .map(|n| async move { self.ensure(&n).await })
+            .buffer_unordered(parallel.max(1))
+            .collect()
+            .await)
+    }
+
+    /// Have `hook` called with every file a download of this cache verifies, as it is verified.
+    pub fn set_file_hook(&self, hook: Arc<FileHook>) {
+        *lock(&self.hook) = Some(hook);
+    }
+
+    fn hook(&self) -> Option<Arc<FileHook>> {
+        lock(&self.hook).clone()
+    }
+
+    /// Record that this boot has unflushed installs under the root (flushed once per boot).
+    fn stamp_unsynced(&self) -> Result<()> {
+        if self.stamped.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let boot = boot_id()?;
+        let stamp = self.root.join(UNSYNCED);
+        if std::fs::read_to_string(&stamp).map_or(true, |b| b.trim() != boot) {
+            write_atomic(&stamp, boot.as_bytes())?;
+        }
+        self.stamped.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn marker_path(&self, pkg: &str) -> PathBuf {
         self.realm_dir
             .join("state")
@@ -395,7 +598,8 @@ impl RealmCache {
         self.realm_dir.join("state").join(format!("{pkg}.pending"))
     }
 
-    fn cas_path(&self, sha: &str) -> PathBuf {
+    /// Where the CAS keeps the verified file with this sha256.
+    pub fn cas_path(&self, sha: &str) -> PathBuf {
         self.root.join("cas").join(sha)
     }
 
@@ -464,15 +668,10 @@ impl RealmCache {
             .iter()
             .filter(|f| !cas_has(&self.cas_path(&f.sha256), f.size))
             .count();
+        self.stamp_unsynced()?;
         let mut downloaded = None;
         if missing > 0 {
-            let archive_path = stage.join("archive");
-            let n = self.download_archive(pkg, &archive_path).await?;
-            downloaded = Some(n);
-            let (pkg2, root, tree) = (pkg.clone(), self.root.clone(), stage.join("tree"));
-            tokio::task::spawn_blocking(move || unpack_tree(&pkg2, &archive_path, &root, &tree))
-                .await
-                .map_err(|e| FetchError::invalid("unpack", e))??;
+            downloaded = Some(self.fetch_unpacked(pkg, stage.join("tree")).await?);
             self.counters
                 .packages_fetched
                 .fetch_add(1, Ordering::Relaxed);
@@ -490,7 +689,7 @@ impl RealmCache {
             if downloaded.is_none() {
                 link_tree(&pkg2, &root, &tree)?;
             }
-            write_atomic(
+            write_renamed(
                 &pending,
                 &serde_json::to_vec(&pkg2.top_level).unwrap_or_default(),
             )?;
@@ -500,14 +699,13 @@ impl RealmCache {
                 remove_any(&dst)?;
                 std::fs::rename(tree.join(entry), &dst).ctx("rename into", &dst)?;
             }
-            fsync_dir(&lib)?;
             let m = Marker {
                 package: pkg2.name.clone(),
                 version: pkg2.version.clone(),
                 archive_sha256: pkg2.archive.sha256.clone(),
                 entries: pkg2.top_level.clone(),
             };
-            write_atomic(&marker, &serde_json::to_vec_pretty(&m).unwrap_or_default())?;
+            write_renamed(&marker, &serde_json::to_vec_pretty(&m).unwrap_or_default())?;
             std::fs::remove_file(&pending).ctx("remove", &pending)?;
             Ok::<_, FetchError>(())
         })
@@ -516,14 +714,17 @@ impl RealmCache {
         Ok(downloaded)
     }
 
-    /// GET the package archive into `dest`, hashing as it arrives; verify sha256 and size.
-    async fn download_archive(&self, pkg: &Package, dest: &Path) -> Result<u64> {
+    /// GET the package archive and unpack it into `tree` as its bytes arrive: the body is fed
+    /// through a bounded channel to a blocking thread that decompresses, verifies every file
+    /// against the index and links it into the CAS ([`unpack_tree`]). The archive's size is
+    /// checked; its content is judged by the files' hashes. Returns the bytes downloaded.
+    async fn fetch_unpacked(&self, pkg: &Package, tree: PathBuf) -> Result<u64> {
         let a = &pkg.archive;
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
         let obj = self.store.get(&a.key).await?;
         let mismatch = |got: String| FetchError::IntegrityMismatch {
             file: format!("{}/{}", self.store.name(), a.key),
-            expected: format!("sha256 {} size {}", a.sha256, a.size),
+            expected: format!("size {}", a.size),
             got,
         };
         if let Some(size) = obj.size {
@@ -531,8 +732,15 @@ impl RealmCache {
                 return Err(mismatch(format!("size {size}")));
             }
         }
-        let mut file = tokio::fs::File::create(dest).await.ctx("create", dest)?;
-        let mut hasher = Sha256::new();
+        let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(32);
+        let (pkg2, root, hook) = (pkg.clone(), self.root.clone(), self.hook());
+        let unpack = tokio::task::spawn_blocking(move || {
+            let reader = ChannelReader {
+                rx,
+                chunk: bytes::Bytes::new(),
+            };
+            unpack_tree(&pkg2, reader, &root, &tree, hook.as_deref())
+        });
         let mut n = 0u64;
         let mut body = obj.body;
         let mut progress = Progress::new(
@@ -541,28 +749,96 @@ impl RealmCache {
             &format!("fetch {}", pkg.name),
             a.size,
         );
-        while let Some(chunk) =
-            next_chunk(self.store.name(), &mut body, self.cfg.read_timeout).await?
-        {
-            n += chunk.len() as u64;
-            self.counters
-                .bytes_fetched
-                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            if n > a.size {
-                return Err(mismatch(format!("more than {} bytes", a.size)));
+        let download: Result<()> = async {
+            while let Some(chunk) =
+                next_chunk(self.store.name(), &mut body, self.cfg.read_timeout).await?
+            {
+                n += chunk.len() as u64;
+                self.counters
+                    .bytes_fetched
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                if n > a.size {
+                    return Err(mismatch(format!("more than {} bytes", a.size)));
+                }
+                progress.advance(chunk.len() as u64);
+                if tx.send(chunk).await.is_err() {
+                    // The unpacker stopped (its error is the one to report).
+                    break;
+                }
             }
-            hasher.update(&chunk);
-            file.write_all(&chunk).await.ctx("write", dest)?;
-            progress.advance(chunk.len() as u64);
+            Ok(())
         }
-        let got = hex::encode(hasher.finalize());
-        if n != a.size || got != a.sha256 {
-            return Err(mismatch(format!("sha256 {got} size {n}")));
+        .await;
+        // End of input for the unpacker (on failure it sees a truncated archive and stops).
+        drop(tx);
+        let unpacked = unpack.await.map_err(|e| FetchError::invalid("unpack", e))?;
+        download?;
+        unpacked?;
+        if n != a.size {
+            return Err(mismatch(format!("size {n}")));
         }
-        // No fsync: the archive is transient; the unpacked files get the barrier.
-        file.flush().await.ctx("write", dest)?;
         Ok(n)
     }
+}
+
+/// Called on the unpacker's thread with each file's sha256 and staged path as soon as the file
+/// is verified against the index (before the rest of its package): a reader waiting for that
+/// file can have it now. The staged file is removed after the install; copy, do not keep.
+pub type FileHook = dyn Fn(&str, &Path) + Send + Sync;
+
+/// The archive body as a blocking `Read`, for the unpacker's thread.
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    chunk: bytes::Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(c) => self.chunk = c,
+                None => return Ok(0),
+            }
+        }
+        let k = buf.len().min(self.chunk.len());
+        buf[..k].copy_from_slice(&self.chunk.split_to(k));
+        Ok(k)
+    }
+}
+
+/// A `Read` that fails once more than `left` bytes have been read: the decompressed stream of
+/// an archive is bounded by what its index entry allows (a hostile archive cannot make the
+/// unpacker buffer or write without end).
+struct Bounded<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let k = self.inner.read(buf)?;
+        self.left = self.left.checked_sub(k as u64).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "archive unpacks to more than its index lists",
+            )
+        })?;
+        Ok(k)
+    }
+}
+
+/// Write `data` to `path` through a temporary name and a rename, without flushing: a reader
+/// never sees half a file; durability is the boot stamp's concern (see the module docs).
+fn write_renamed(path: &Path, data: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .ctx("create temp file in", dir)?;
+    tmp.write_all(data).ctx("write", tmp.path())?;
+    tmp.persist(path)
+        .map_err(|e| FetchError::io("rename into", path, e.error))?;
+    Ok(())
 }
 
 /// Write `data` at `path` unless a file is already there; return what ends up there.
@@ -573,12 +849,8 @@ fn persist_first(path: &Path, data: &[u8]) -> Result<Vec<u8>> {
         .tempfile_in(dir)
         .ctx("create temp file in", dir)?;
     tmp.write_all(data).ctx("write", tmp.path())?;
-    tmp.as_file().sync_all().ctx("fsync", tmp.path())?;
     match std::fs::hard_link(tmp.path(), path) {
-        Ok(()) => {
-            fsync_dir(dir)?;
-            Ok(data.to_vec())
-        }
+        Ok(()) => Ok(data.to_vec()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             std::fs::read(path).ctx("read", path)
         }
@@ -602,36 +874,63 @@ fn remove_any(path: &Path) -> Result<()> {
 /// Take the package's file lock (blocking in a worker thread). Released on drop.
 async fn flock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
     let path = path.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .ctx("open lock", &path)?;
-        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, errno)| FetchError::io("flock", &path, errno.into()))
-    })
-    .await
-    .map_err(|e| FetchError::invalid("flock", e))?
+    tokio::task::spawn_blocking(move || flock_blocking(&path))
+        .await
+        .map_err(|e| FetchError::invalid("flock", e))?
 }
 
-/// Unpack a verified archive straight into the staged tree: every entry must be a regular file
-/// the index lists, with the listed sha256 and size, and every listed file must be present.
-/// Then one barrier makes the files durable, and each is linked into the CAS (a file the CAS
-/// already holds is replaced by a link to the stored copy, so identical files share an inode).
-/// No file is created twice and none is deleted on the first install of its content. Runs in a
-/// blocking thread.
-fn unpack_tree(pkg: &Package, archive: &Path, root: &Path, tree: &Path) -> Result<()> {
+/// Take an exclusive lock on the file `path` (created if missing), waiting for it.
+fn flock_blocking(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .ctx("open lock", path)?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| FetchError::io("flock", path, errno.into()))
+}
+
+/// Unpack an archive straight into the staged tree: every entry must be a regular file the
+/// index lists, with the listed sha256 and size, and every listed file must be present. Each
+/// verified file is linked into the CAS (a file the CAS already holds is replaced by a link to
+/// the stored copy, so identical files share an inode). No file is created twice, none is
+/// deleted on the first install of its content, nothing is flushed (see the module docs).
+/// Bytes that do not decode are an integrity failure. Runs in a blocking thread.
+fn unpack_tree(
+    pkg: &Package,
+    archive: impl Read,
+    root: &Path,
+    tree: &Path,
+    on_verified: Option<&FileHook>,
+) -> Result<()> {
     let expected: HashMap<&str, (&str, u64)> = pkg
         .files
         .iter()
         .map(|f| (f.path.as_str(), (f.sha256.as_str(), f.size)))
         .collect();
-    let file = std::fs::File::open(archive).ctx("open", archive)?;
+    let bad = |file: &str, expected: String, got: String| FetchError::IntegrityMismatch {
+        file: format!("{} ({})", file, pkg.archive.key),
+        expected,
+        got,
+    };
+    let undecodable = |e: std::io::Error| {
+        bad(
+            "archive",
+            format!("{:?} data", pkg.archive.encoding),
+            e.to_string(),
+        )
+    };
+    // Tar framing: a header and up to one block of padding per file, pax records, two end
+    // blocks; generous, and still a bound.
+    let framing = (pkg.files.len() as u64).saturating_mul(4096) + (1 << 20);
+    let archive = Bounded {
+        inner: archive,
+        left: pkg.unpacked_size().saturating_add(framing),
+    };
     let reader: Box<dyn Read> = match pkg.archive.encoding {
-        Encoding::TarZstd => Box::new(zstd::Decoder::new(file).ctx("zstd", archive)?),
-        Encoding::Tar => Box::new(file),
+        Encoding::TarZstd => Box::new(zstd::Decoder::new(archive).map_err(undecodable)?),
+        Encoding::Tar => Box::new(archive),
     };
     let mut tar = tar::Archive::new(reader);
     std::fs::create_dir(tree).ctx("create dir", tree)?;
@@ -639,17 +938,12 @@ fn unpack_tree(pkg: &Package, archive: &Path, root: &Path, tree: &Path) -> Resul
     let mut dirs: HashSet<PathBuf> = HashSet::new();
     let mut seen = HashSet::new();
     let mut verified: Vec<(PathBuf, &str)> = Vec::with_capacity(pkg.files.len());
-    let bad = |file: &str, expected: String, got: String| FetchError::IntegrityMismatch {
-        file: format!("{} ({})", file, pkg.archive.key),
-        expected,
-        got,
-    };
     let mut buf = vec![0u8; 64 * 1024];
-    for entry in tar.entries().ctx("read archive", archive)? {
-        let mut entry = entry.ctx("read archive", archive)?;
+    for entry in tar.entries().map_err(undecodable)? {
+        let mut entry = entry.map_err(undecodable)?;
         let path = entry
             .path()
-            .ctx("read archive", archive)?
+            .map_err(undecodable)?
             .to_string_lossy()
             .into_owned();
         let kind = entry.header().entry_type();
@@ -686,7 +980,7 @@ fn unpack_tree(pkg: &Package, archive: &Path, root: &Path, tree: &Path) -> Resul
         let mut hasher = Sha256::new();
         let mut n = 0u64;
         loop {
-            let k = entry.read(&mut buf).ctx("read archive", archive)?;
+            let k = entry.read(&mut buf).map_err(undecodable)?;
             if k == 0 {
                 break;
             }
@@ -709,15 +1003,16 @@ fn unpack_tree(pkg: &Package, archive: &Path, root: &Path, tree: &Path) -> Resul
                 format!("sha256 {got} size {n}"),
             ));
         }
+        if let Some(hook) = on_verified {
+            drop(out);
+            hook(sha, &dst);
+        }
         verified.push((dst, sha));
     }
     if let Some(f) = pkg.files.iter().find(|f| !seen.contains(f.path.as_str())) {
         return Err(bad(&f.path, "present in archive".into(), "missing".into()));
     }
-    // One barrier for every file: syncfs writes out all of them (data and inodes) in one
-    // flush, where an fsync per file costs one synchronous write each (and, without a journal,
-    // one more for the inode). Nothing becomes reachable under cas/ before its data is durable.
-    sync_fs(tree)?;
+    // Only a complete, verified package reaches the CAS.
     for (dst, sha) in &verified {
         let stored = cas.join(sha);
         match std::fs::hard_link(dst, &stored) {
@@ -729,8 +1024,7 @@ fn unpack_tree(pkg: &Package, archive: &Path, root: &Path, tree: &Path) -> Resul
             Err(e) => return Err(FetchError::io("link into", stored, e)),
         }
     }
-    // The new cas/ entries and the tree's directories: one more barrier.
-    sync_fs(tree)
+    Ok(())
 }
 
 /// Flush the whole filesystem holding `dir` (data and metadata of every file on it).
@@ -739,7 +1033,7 @@ fn sync_fs(dir: &Path) -> Result<()> {
     nix::unistd::syncfs(&d).map_err(|e| FetchError::io("syncfs", dir, e.into()))
 }
 
-/// Build the package's tree under `tree` from hard links into the CAS; make it durable.
+/// Build the package's tree under `tree` from hard links into the CAS.
 fn link_tree(pkg: &Package, root: &Path, tree: &Path) -> Result<()> {
     std::fs::create_dir(tree).ctx("create dir", tree)?;
     let mut dirs: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
@@ -761,7 +1055,7 @@ fn link_tree(pkg: &Package, root: &Path, tree: &Path) -> Result<()> {
         let dst = tree.join(&f.path);
         std::fs::hard_link(&src, &dst).ctx("link from cas", &src)?;
     }
-    sync_fs(tree)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -990,6 +1284,149 @@ mod tests {
                 .count(),
             0
         );
+    }
+
+    #[tokio::test]
+    async fn a_crash_of_the_machine_costs_a_refetch_never_a_wrong_byte() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let root = tmp.path().join("c");
+        let cache = RealmCache::open(&root, "r", store.clone(), FetchConfig::default()).unwrap();
+        cache.ensure("demo").await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join(UNSYNCED)).unwrap(),
+            boot_id().unwrap(),
+            "unflushed installs are stamped with this boot"
+        );
+        assert_eq!(realm_complete(&root, "r").unwrap(), Some(1));
+        drop(cache);
+        // As if the machine went down before the page cache reached the disk: the stamp names
+        // another boot and one stored file lost its data (same size, zeros).
+        std::fs::write(root.join(UNSYNCED), "a-boot-that-crashed").unwrap();
+        let init = cache_file(&root, "demo/__init__.py", &store).await;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let len = std::fs::metadata(&init).unwrap().len() as usize;
+        std::fs::write(&init, vec![0u8; len]).unwrap();
+        let other = cache_file(&root, "demo/sub/mod.py", &store).await;
+        assert_eq!(
+            realm_complete(&root, "r").unwrap(),
+            None,
+            "nothing unflushed is trusted before the check"
+        );
+
+        let cache = RealmCache::open(&root, "r", store, FetchConfig::default()).unwrap();
+        assert!(!root.join(UNSYNCED).exists(), "checked, flushed, unstamped");
+        assert!(!init.exists(), "the damaged file left the CAS");
+        assert!(other.exists(), "intact files stay");
+        assert!(
+            !cache.is_installed("demo"),
+            "its package must be installed again"
+        );
+        let out = cache.ensure("demo").await.unwrap();
+        assert!(out.installed && out.fetched);
+        assert_eq!(
+            std::fs::read_to_string(cache.lib_dir().join("demo/__init__.py")).unwrap(),
+            "X = 1\n"
+        );
+    }
+
+    /// The CAS path of the file `rel` of the published package.
+    async fn cache_file(root: &Path, rel: &str, store: &Arc<dyn Store>) -> PathBuf {
+        let idx = crate::publish::read_index(store.as_ref(), &FetchConfig::default())
+            .await
+            .unwrap();
+        let f = idx
+            .package("demo")
+            .unwrap()
+            .files
+            .iter()
+            .find(|f| f.path == rel)
+            .unwrap()
+            .clone();
+        root.join("cas").join(f.sha256)
+    }
+
+    #[tokio::test]
+    async fn the_file_hook_sees_each_verified_file_before_the_install_ends() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let cache =
+            RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
+        type Seen = Mutex<Vec<(String, Vec<u8>)>>;
+        let seen: Arc<Seen> = Arc::default();
+        let s2 = seen.clone();
+        cache.set_file_hook(Arc::new(move |sha: &str, path: &Path| {
+            lock(&s2).push((sha.to_owned(), std::fs::read(path).unwrap()));
+        }));
+        cache.ensure("demo").await.unwrap();
+        let seen = lock(&seen);
+        assert_eq!(seen.len(), 4, "every file once");
+        for (sha, data) in seen.iter() {
+            let got = hex::encode(Sha256::digest(data));
+            assert_eq!(&got, sha, "the hook gets verified bytes");
+        }
+    }
+
+    #[tokio::test]
+    async fn prefetch_installs_named_packages_and_skips_unknown_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let cache =
+            RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
+        let names = ["os", "demo", "demo.sub", "nope"].map(String::from);
+        let outs = cache.prefetch(&names, 4).await.unwrap();
+        assert_eq!(outs.len(), 1, "one package named twice, the rest unknown");
+        assert!(outs[0].as_ref().unwrap().fetched);
+        assert!(cache.is_installed("demo"));
+        assert!(cache.prefetch(&names, 4).await.unwrap()[0]
+            .as_ref()
+            .is_ok_and(|o| !o.fetched));
+    }
+
+    #[tokio::test]
+    async fn an_archive_that_unpacks_to_more_than_its_index_lists_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let cfg = FetchConfig::default();
+        let idx = crate::publish::read_index(store.as_ref(), &cfg)
+            .await
+            .unwrap();
+        let mut pkg = idx.package("demo").unwrap().clone();
+        // 64 MiB of zeros compresses to a few KiB: a decompression bomb in one tar entry.
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(64 << 20);
+        h.set_mode(0o644);
+        h.set_cksum();
+        tar.append_data(
+            &mut h,
+            "demo/__init__.py",
+            std::io::repeat(0).take(64 << 20),
+        )
+        .unwrap();
+        let data = zstd::encode_all(&tar.into_inner().unwrap()[..], 3).unwrap();
+        let err = unpack_tree(
+            &pkg,
+            &data[..],
+            &tmp.path().join("c"),
+            &tmp.path().join("t"),
+            None,
+        )
+        .unwrap_err();
+        assert!(matches!(err, FetchError::IntegrityMismatch { .. }), "{err}");
+        // The same bytes with a size the index allows get as far as the hash check.
+        pkg.files.truncate(1);
+        pkg.files[0].size = 64 << 20;
+        let err = unpack_tree(
+            &pkg,
+            &data[..],
+            &tmp.path().join("c"),
+            &tmp.path().join("t2"),
+            None,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("sha256"), "{err}");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 mod container;
 mod handlers;
+mod lazyfs;
 mod policy;
 mod publish;
 mod realm;
@@ -179,11 +180,18 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     let mut serves = cli.serve.clone();
     // A realm with nothing left to fetch is mounted, not served (see RealmPlan::kernel_served).
     let mut kernel_served = None;
+    let mut lazy = None;
     if let Some(r) = &mut realm {
         r.compile_with = realm::python_of(&program);
+        if r.compile_with.is_some() {
+            r.prefetch = realm::imports_of(&cli.command);
+        }
         kernel_served = r.kernel_served();
         if kernel_served.is_none() {
-            serves.push(r.serve_rule());
+            lazy = r.lazy_image();
+            if lazy.is_none() {
+                serves.push(r.serve_rule());
+            }
         }
         std::env::set_var(
             "PYTHONPATH",
@@ -226,6 +234,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         if kernel_served.is_some() {
             prepared.bind_read_only(&r.lib, &r.opts.lib_prefix)?;
         }
+        if let Some(img) = &lazy {
+            prepared.bind_read_only(&img.mnt, &r.opts.lib_prefix)?;
+        }
         prepared.hide_also(&r.root)?;
     }
     let child = spawn::spawn(prepared)?;
@@ -236,9 +247,11 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     api.start();
     // Threads (the fetch runtime) only after fork; the child waits for `go`.
     let resolver: Box<dyn serve::Resolver> = match realm {
-        Some(r) => match kernel_served {
-            Some(n) => Box::new(r.kernel_served_resolver(n)),
-            None => Box::new(r.start()?),
+        Some(r) => match (kernel_served, lazy) {
+            (Some(n), _) => Box::new(r.kernel_served_resolver(n)),
+            // Marked before the target is released: its first touch already waits for a fill.
+            (None, Some(img)) => Box::new(r.start_lazy(img)?),
+            (None, None) => Box::new(r.start()?),
         },
         None => Box::new(serve::LocalDirs),
     };

@@ -20,18 +20,21 @@
 use crate::serve::{Lookup, Resolver, Served};
 use anyhow::{anyhow, Context as _};
 use fetcher::index::TopLevelEntry;
-use fetcher::store::{open_store, StoreOptions};
+use fetcher::store::{lazy::LazyStore, StoreOptions};
 use fetcher::{FetchConfig, FetchError, Index, RealmCache};
 use nix::errno::Errno;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a failed fetch of a package is answered from memory before it is tried again.
 pub const FAIL_TTL: Duration = Duration::from_secs(10);
+
+/// Packages prefetched at once (each install streams, decompresses and hashes on its own thread).
+const PREFETCH_PARALLEL: usize = 4;
 
 /// Realm options of `sigma-supervise`.
 #[derive(Debug, Clone, clap::Args)]
@@ -57,11 +60,24 @@ pub struct RealmOpts {
     /// Bound on reaching the bucket (connect, request, retries) before a call fails, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 2.0)]
     pub fetch_timeout: f64,
+
+    /// Do not start fetching the packages a Python command names (`-c CODE`, `-m MOD`, or the
+    /// script's `import` lines) before the target asks for them.
+    #[arg(long)]
+    pub no_prefetch: bool,
+
+    /// Serve a realm that is not completely installed from a lazily filled ext4 image (placeholders
+    /// filled by the kernel's pre-content events on first touch; root only). Falls back to
+    /// notifications where that is not possible, and on a realm's first run (no index snapshot).
+    #[arg(long)]
+    pub lazy: bool,
 }
 
 /// The realm's host paths, known before the target starts (no network, no threads).
 pub struct RealmPlan {
     pub opts: RealmOpts,
+    /// Names fetched in parallel as soon as the realm starts (see [`imports_of`]).
+    pub prefetch: Vec<String>,
     /// Interpreter that byte-compiles a package after this run installs it (the target's own
     /// python, so the `.pyc` files match it); `None`: no compile.
     pub compile_with: Option<PathBuf>,
@@ -111,6 +127,7 @@ impl RealmPlan {
         std::fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
         Ok(Some(RealmPlan {
             opts: opts.clone(),
+            prefetch: Vec::new(),
             compile_with: None,
             bucket,
             root,
@@ -144,6 +161,51 @@ impl RealmPlan {
         Some(n)
     }
 
+    /// With `--lazy`: the realm's image (materialised from its index snapshot, mounted), to be
+    /// bind-mounted read-only at the prefix and served by [`start_lazy`](Self::start_lazy).
+    /// `None` (serve through notifications): no `--lazy`, no snapshot yet, or no image possible
+    /// (said once on stderr).
+    pub fn lazy_image(&self) -> Option<crate::lazyfs::LazyImage> {
+        if !self.opts.lazy {
+            return None;
+        }
+        let snapshot = self.realm_dir.join("index.json");
+        let index = Index::from_json(&self.bucket, &std::fs::read(snapshot).ok()?).ok()?;
+        let prefix = &self.opts.lib_prefix;
+        if !prefix.is_dir() && std::fs::create_dir_all(prefix).is_err() {
+            return None;
+        }
+        match crate::lazyfs::LazyImage::prepare(&self.realm_dir, &index) {
+            Ok(img) => Some(img),
+            Err(e) => {
+                eprintln!(
+                    "sigma-supervise: realm {}: lazy backend unavailable ({e}); serving by \
+                     notification",
+                    self.opts.realm
+                );
+                None
+            }
+        }
+    }
+
+    /// Serve `image` (already bound at the prefix): mark it and answer its first touches.
+    pub fn start_lazy(self, image: crate::lazyfs::LazyImage) -> anyhow::Result<LazyServed> {
+        let (rt, cache, reported, _) = self.open_cache(false)?;
+        let (realm, bucket) = (self.opts.realm.clone(), self.bucket.clone());
+        let report: Arc<dyn Fn(&FetchError) + Send + Sync> =
+            Arc::new(move |e| report_once(&reported, &realm, &bucket, e));
+        let server =
+            crate::lazyfs::FillServer::start(image, cache.clone(), rt.handle().clone(), report)
+                .map_err(|e| anyhow!("realm {}: {e}", self.opts.realm))?;
+        Ok(LazyServed {
+            realm: self.opts.realm,
+            bucket: self.bucket,
+            stats: server.stats,
+            cache,
+            _rt: rt,
+        })
+    }
+
     /// The realm when [`kernel_served`](Self::kernel_served): only its `--stats` line.
     pub fn kernel_served_resolver(self, packages: usize) -> KernelServed {
         KernelServed {
@@ -172,7 +234,18 @@ impl RealmPlan {
     /// Open the store and the realm cache, get the realm's index (its snapshot, else one GET
     /// bounded by the fetch timeout) and build the superlib. Starts threads: call after fork.
     /// An unreachable index is reported and leaves an empty library, not an error.
-    pub fn start(self) -> anyhow::Result<RealmResolver> {
+    /// The fetch runtime, the realm cache and its index (reported, `None`, if unreachable);
+    /// prefetch started. Starts threads: call after fork.
+    #[allow(clippy::type_complexity)]
+    fn open_cache(
+        &self,
+        load_index: bool,
+    ) -> anyhow::Result<(
+        tokio::runtime::Runtime,
+        Arc<RealmCache>,
+        Arc<Mutex<HashSet<String>>>,
+        Option<Arc<Index>>,
+    )> {
         let cfg = FetchConfig {
             overall_timeout: Duration::from_secs_f64(self.opts.fetch_timeout),
             ..FetchConfig::default()
@@ -183,19 +256,49 @@ impl RealmPlan {
             .enable_all()
             .build()
             .context("starting the fetch runtime")?;
-        let store = rt
-            .block_on(open_store(&self.bucket, &StoreOptions::default(), &cfg))
-            .with_context(|| format!("bucket {}", self.bucket))?;
+        // Connected on first use: a realm served from its snapshot and cache never needs it.
+        let store: Arc<dyn fetcher::Store> = Arc::new(
+            LazyStore::new(&self.bucket, &StoreOptions::default(), &cfg)
+                .with_context(|| format!("bucket {}", self.bucket))?,
+        );
         let cache = RealmCache::open(&self.root, &self.opts.realm, store, cfg)
             .with_context(|| format!("realm {}", self.opts.realm))?;
-        let reported = Mutex::new(HashSet::new());
-        let index = match rt.block_on(cache.index()) {
-            Ok(i) => Some(i),
-            Err(e) => {
+        let cache = Arc::new(cache);
+        let reported = Arc::new(Mutex::new(HashSet::new()));
+        // The lazy backend needs no index up front (its image map names every file): the
+        // fetcher loads it on the first fill, off the target's start-up.
+        let index = match load_index.then(|| rt.block_on(cache.index())) {
+            Some(Ok(i)) => Some(i),
+            Some(Err(e)) => {
                 report_once(&reported, &self.opts.realm, &self.bucket, &e);
                 None
             }
+            None => None,
         };
+        let usable = index.is_some() || !load_index;
+        if usable && !self.prefetch.is_empty() && !self.opts.no_prefetch {
+            // Fetch what the command names while the interpreter starts; the target's own
+            // calls join these installs (single flight) instead of starting them.
+            let (cache, names) = (cache.clone(), self.prefetch.clone());
+            rt.spawn(async move {
+                match cache.prefetch(&names, PREFETCH_PARALLEL).await {
+                    Ok(outs) => {
+                        for o in outs {
+                            match o {
+                                Ok(o) => tracing::debug!(package = %o.package, "prefetched"),
+                                Err(e) => tracing::debug!(error = %e, "prefetch failed"),
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "prefetch failed"),
+                }
+            });
+        }
+        Ok((rt, cache, reported, index))
+    }
+
+    pub fn start(self) -> anyhow::Result<RealmResolver> {
+        let (rt, cache, reported, index) = self.open_cache(true)?;
         let entries: Vec<TopLevelEntry> = index
             .as_deref()
             .map(Index::top_level_entries)
@@ -221,6 +324,40 @@ impl RealmPlan {
     }
 }
 
+/// A realm image bind-mounted at the prefix, filled on first touch: nothing reaches the
+/// notification path.
+pub struct LazyServed {
+    realm: String,
+    bucket: String,
+    stats: Arc<crate::lazyfs::FillStats>,
+    cache: Arc<RealmCache>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Resolver for LazyServed {
+    fn lookup<'a>(&'a self, _served: &'a Served, _rest: &Path) -> Lookup<'a> {
+        Lookup::Local
+    }
+
+    fn report(&self) -> Option<String> {
+        let (f, c) = (&self.stats, self.cache.stats());
+        Some(format!(
+            "sigma-supervise realm {} ({}): backend lazy (ext4 image, pre-content events): \
+             filled {} files, {} bytes; already present {}; denied {}; fetched {} packages, \
+             {} bytes, {} GETs\n",
+            self.realm,
+            self.bucket,
+            f.filled.load(Ordering::Relaxed),
+            f.bytes.load(Ordering::Relaxed),
+            f.present.load(Ordering::Relaxed),
+            f.denied.load(Ordering::Relaxed),
+            c.packages_fetched,
+            c.bytes_fetched,
+            c.gets
+        ))
+    }
+}
+
 /// A complete realm bind-mounted at the prefix: the kernel serves it, nothing reaches here.
 pub struct KernelServed {
     realm: String,
@@ -235,8 +372,8 @@ impl Resolver for KernelServed {
 
     fn report(&self) -> Option<String> {
         Some(format!(
-            "sigma-supervise realm {} ({}): all {} packages installed; lib dir mounted \
-             read-only, served by the kernel\n",
+            "sigma-supervise realm {} ({}): backend kernel (bind mount): all {} packages \
+             installed; lib dir mounted read-only, served by the kernel\n",
             self.realm, self.bucket, self.packages
         ))
     }
@@ -321,13 +458,13 @@ pub struct RealmResolver {
     /// Top-level entry → owning package (from the realm's index).
     owners: HashMap<String, String>,
     superlib: Served,
-    cache: RealmCache,
+    cache: Arc<RealmCache>,
     rt: tokio::runtime::Runtime,
     /// Packages known complete (saves the marker stat).
     installed: Mutex<HashSet<String>>,
     /// Package → when its fetch failed and with which errno.
     failed: Mutex<HashMap<String, (Instant, Errno)>>,
-    reported: Mutex<HashSet<String>>,
+    reported: Arc<Mutex<HashSet<String>>>,
     inline_hits: AtomicU64,
     compile_with: Option<PathBuf>,
     /// `cpython-311` for `python3.11`, when the interpreter's file name tells.
@@ -348,6 +485,78 @@ pub fn cache_tag_of(python: &Path) -> Option<String> {
 pub fn python_of(program: &Path) -> Option<PathBuf> {
     let name = program.file_name()?.to_str()?;
     name.starts_with("python").then(|| program.to_path_buf())
+}
+
+/// Top-level module names a Python command line is about to import, for prefetching: the
+/// `import` lines of `-c CODE` or of the script (its first MiB), or the `-m` module. A
+/// heuristic: a name missed here is fetched when the target first touches it, a name found
+/// here that no package provides is ignored.
+pub fn imports_of(command: &[std::ffi::OsString]) -> Vec<String> {
+    let mut args = command.iter().skip(1).map(|a| a.to_string_lossy());
+    let mut source = None;
+    while let Some(a) = args.next() {
+        match &*a {
+            "-c" => {
+                source = args.next().map(|c| c.into_owned());
+                break;
+            }
+            "-m" => return args.next().map(|m| top_name(&m)).into_iter().collect(),
+            "-X" | "-W" | "--check-hash-based-pycs" => {
+                args.next();
+            }
+            s if s.starts_with("-c") && s.len() > 2 => {
+                source = Some(s[2..].to_owned());
+                break;
+            }
+            s if s.starts_with('-') => {}
+            _ => {
+                // The script: its path as given, not as lossily decoded.
+                let script = &command[command.len() - args.len() - 1];
+                let mut text = Vec::new();
+                // Regular files only: a FIFO or /dev/stdin would block here or eat the
+                // target's input.
+                let regular = std::fs::metadata(script).is_ok_and(|m| m.is_file());
+                if let Some(f) = regular.then(|| std::fs::File::open(script).ok()).flatten() {
+                    use std::io::Read as _;
+                    let _ = f.take(1 << 20).read_to_end(&mut text);
+                }
+                source = Some(String::from_utf8_lossy(&text).into_owned());
+                break;
+            }
+        }
+    }
+    let mut names: Vec<String> = Vec::new();
+    for stmt in source.iter().flat_map(|s| s.split(['\n', ';'])) {
+        let stmt = stmt.trim();
+        let found: Vec<String> = if let Some(rest) = stmt.strip_prefix("import ") {
+            rest.split(',')
+                .filter_map(|n| n.split_whitespace().next())
+                .map(top_name)
+                .collect()
+        } else if let Some(rest) = stmt.strip_prefix("from ") {
+            rest.split_whitespace()
+                .next()
+                .filter(|m| !m.starts_with('.'))
+                .map(top_name)
+                .into_iter()
+                .collect()
+        } else {
+            continue;
+        };
+        for n in found {
+            let ident = !n.is_empty()
+                && n.chars().all(|c| c.is_alphanumeric() || c == '_')
+                && !n.starts_with(|c: char| c.is_ascii_digit());
+            if ident && !names.contains(&n) {
+                names.push(n);
+            }
+        }
+    }
+    names
+}
+
+fn top_name(dotted: &str) -> String {
+    dotted.split('.').next().unwrap_or("").to_owned()
 }
 
 fn first_component(rest: &Path) -> Option<&str> {
@@ -451,8 +660,8 @@ impl Resolver for RealmResolver {
     fn report(&self) -> Option<String> {
         let s = self.cache.stats();
         Some(format!(
-            "sigma-supervise realm {} ({}): fetched {} packages, {} bytes, {} GETs; installed {}; \
-             cache hits {}; fetch time {:.3} ms\n",
+            "sigma-supervise realm {} ({}): backend notification: fetched {} packages, {} bytes, \
+             {} GETs; installed {}; cache hits {}; fetch time {:.3} ms\n",
             self.realm,
             self.bucket,
             s.packages_fetched,
@@ -530,6 +739,50 @@ mod tests {
     }
 
     #[test]
+    fn imports_named_by_a_python_command() {
+        let cmd = |a: &[&str]| imports_of(&a.iter().map(|s| s.into()).collect::<Vec<_>>());
+        assert_eq!(
+            cmd(&[
+                "python3",
+                "-I",
+                "-c",
+                "import numpy as np, six; from pandas.core import x"
+            ]),
+            ["numpy", "six", "pandas"]
+        );
+        assert_eq!(
+            cmd(&[
+                "python3",
+                "-X",
+                "importtime",
+                "-c",
+                "from . import x;import a.b"
+            ]),
+            ["a"]
+        );
+        assert_eq!(cmd(&["python3", "-m", "pytest.main", "-q"]), ["pytest"]);
+        let tmp = tempfile::tempdir().unwrap();
+        let script = tmp.path().join("s.py");
+        std::fs::write(
+            &script,
+            "#!/usr/bin/env python3\nimport os\n  import yaml\nx = 'import'\n",
+        )
+        .unwrap();
+        let s = script.to_str().unwrap();
+        assert_eq!(
+            cmd(&["python3", "-u", s, "-c", "import no"]),
+            ["os", "yaml"]
+        );
+        assert!(cmd(&["python3", "/nonexistent.py"]).is_empty());
+        assert!(
+            cmd(&["python3", "/dev/stdin"]).is_empty(),
+            "never reads a device"
+        );
+        assert!(cmd(&["python3", tmp.path().to_str().unwrap()]).is_empty());
+        assert!(cmd(&["python3"]).is_empty());
+    }
+
+    #[test]
     fn errnos_of_fetch_failures() {
         let nf = FetchError::NoSuchPackage {
             bucket: "b".into(),
@@ -552,6 +805,8 @@ mod tests {
             cache_dir: Some(tmp.path().to_path_buf()),
             lib_prefix: "/sigma/lib".into(),
             fetch_timeout: 2.0,
+            no_prefetch: false,
+            lazy: false,
         };
         let plan = RealmPlan::new(&opts).unwrap().unwrap();
         assert!(plan.lib.is_dir());

@@ -520,3 +520,89 @@ fn minio_sixteen_supervisors_one_download() {
     }
     assert_eq!(total, 1, "exactly one download across 16 supervisors");
 }
+
+/// sha256 of a file, as the target computes it (hashlib), from a bare interpreter.
+fn sha256_of(path: &Path) -> String {
+    let o = Command::new("python3")
+        .args([
+            "-c",
+            "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())",
+        ])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    stdout(&o).trim().to_owned()
+}
+
+#[test]
+fn kill_9_during_a_cold_import_never_gives_wrong_bytes_and_the_next_run_completes() {
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir().unwrap();
+    // Large enough that the cold install takes a while: the kills below land before, during
+    // and after it.
+    let pkg = common::make_pkg(&tmp.path().join("src"), "demo_k", 24 << 20);
+    let want = sha256_of(&pkg.join("blob.bin"));
+    let bucket_dir = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket_dir).unwrap();
+    let bucket = format!("file://{}", bucket_dir.display());
+    publish(&bucket, &[], &[&pkg]);
+    let code = "import demo_k, hashlib\n\
+                print(hashlib.sha256(open(demo_k.__path__[0] + '/blob.bin', 'rb').read()).hexdigest())";
+    let mut killed_mid = 0;
+    for delay_ms in [10u64, 40, 80, 120, 160, 220, 300, 450, 1500] {
+        let cache = tmp.path().join(format!("cache-{delay_ms}"));
+        let r = Realm {
+            name: "r",
+            bucket: &bucket,
+            cache: &cache,
+            env: vec![],
+        };
+        let mut child = r
+            .cmd(code)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let finished = child.try_wait().unwrap().is_some();
+        // The supervisor only: its target is left to run without it.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        // Output ends when the target ends too: a bounded wait, never a hang.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(child.wait_with_output()));
+        let o = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the target hangs after its supervisor was killed")
+            .unwrap();
+        let out = stdout(&o);
+        assert!(
+            out.is_empty() || out.trim() == want,
+            "wrong bytes after kill -9 at {delay_ms} ms: {out}"
+        );
+        eprintln!("kill -9 at {delay_ms} ms: finished before {finished}, target printed {out:?}");
+        if !finished && out.is_empty() {
+            killed_mid += 1;
+        }
+        // The next run on the same cache completes, with correct files.
+        let o = r.py(code);
+        assert_eq!(o.status.code(), Some(0), "after kill at {delay_ms} ms");
+        assert_eq!(stdout(&o).trim(), want, "after kill at {delay_ms} ms");
+        assert_eq!(sha256_of(&r.lib().join("demo_k/blob.bin")), want);
+        for f in ["__init__.py", "sub/mod.py"] {
+            assert_eq!(
+                std::fs::read(r.lib().join("demo_k").join(f)).unwrap(),
+                std::fs::read(pkg.join(f)).unwrap()
+            );
+        }
+        assert!(
+            listdir(&cache.join("realms/r/staging")).is_empty(),
+            "staging left after the next run"
+        );
+    }
+    assert!(killed_mid > 0, "no kill landed during the import");
+}

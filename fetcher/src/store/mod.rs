@@ -7,6 +7,7 @@
 //! Backends apply the retry/backoff/timeout policy of [`crate::FetchConfig`] themselves (only S3
 //! can fail transiently), so callers just call the trait.
 
+pub mod lazy;
 pub mod local;
 pub mod memory;
 pub mod s3;

@@ -1,0 +1,636 @@
+//! The lazy backend: a realm's libraries as a filesystem the kernel serves from the first touch.
+//!
+//! The realm's index snapshot is materialised as placeholders on a dedicated ext4 image
+//! (`<realm>/lazy/<key>.img`, loop-mounted at `<realm>/lazy/<key>/`): every directory, every
+//! file with its size and no data (sparse). Listing, `stat` and `importlib.metadata`'s directory
+//! scans never leave the kernel and fetch nothing. The mount carries a fanotify filesystem mark
+//! of a pre-content group (`FAN_OPEN_PERM` and `FAN_PRE_ACCESS`: open, read, mmap, execve,
+//! and `lseek(SEEK_DATA)` after an open all wait): a first touch blocks the reader in the kernel
+//! while [`FillServer`] makes sure the file's package is in the realm cache (the fetcher's single
+//! flight and per-file sha256), copies the verified bytes into the placeholder through the event
+//! fd, allows the access and adds an ignore mark, after which that file is ordinary page cache.
+//! A fill that fails (store down, integrity) answers `FAN_DENY_ERRNO(EIO)`: an error, never
+//! zeros. Files are identified by inode (the map is written when the image is materialised),
+//! never by path, so the same mark serves the jail's bind of the mount.
+//!
+//! Every supervisor that exposes the image holds its own group and mark, so a reader is never
+//! unwatched while its supervisor lives; concurrent supervisors of a realm fill a file with the
+//! same verified bytes. A fill writes through the host mount (the reader's event fd may be on a
+//! read-only bind); the events that raises are allowed at once by every server, which knows a
+//! peer by its executable (a target running this binary could read a placeholder's zeros for
+//! itself, never anyone else's file).
+//! Needs `CAP_SYS_ADMIN` in the initial namespace (mount, fanotify); without it the
+//! notification path serves the realm.
+#![forbid(unsafe_code)]
+
+use fetcher::{Index, RealmCache};
+use nix::sys::fanotify::{
+    EventFFlags, Fanotify, FanotifyEvent, FanotifyResponse, InitFlags, MarkFlags, MaskFlags,
+    Response,
+};
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::os::fd::BorrowedFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// `FAN_PRE_ACCESS` (Linux 6.14; not in the libc headers of this toolchain).
+const FAN_PRE_ACCESS: u64 = 0x0010_0000;
+
+/// Errors of the lazy backend; the caller falls back to the notification path.
+#[derive(Debug, thiserror::Error)]
+pub enum LazyError {
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{command} failed: {cause}")]
+    Command { command: String, cause: String },
+    #[error("fanotify {op}: {source} (needs CAP_SYS_ADMIN and ext4)")]
+    Fanotify {
+        op: &'static str,
+        #[source]
+        source: nix::Error,
+    },
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LazyError + 'a {
+    move |source| LazyError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// One placeholder: the file it stands for.
+#[derive(Debug, Clone)]
+struct Placeholder {
+    /// Path under the lib dir (`numpy/__init__.py`).
+    path: String,
+    sha256: String,
+    size: u64,
+}
+
+/// A materialised, mounted image of a realm's index snapshot.
+pub struct LazyImage {
+    /// Where the image is mounted on the host (the jail binds it read-only at the prefix).
+    pub mnt: PathBuf,
+    /// `BOOT_ID INODE` per completed file (see [`FillServer::start`]).
+    filled_log: PathBuf,
+    /// Inode number → placeholder.
+    files: HashMap<u64, Placeholder>,
+}
+
+fn is_mounted(mnt: &Path) -> Result<bool, LazyError> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(io("read", Path::new("/proc/self/mountinfo")))?;
+    let want = mnt.to_string_lossy();
+    Ok(info
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_ref())))
+}
+
+fn command(cmd: &mut std::process::Command) -> Result<(), LazyError> {
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| LazyError::Command {
+            command: format!("{cmd:?}"),
+            cause: e.to_string(),
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(LazyError::Command {
+        command: format!("{cmd:?}"),
+        cause: String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .next()
+            .unwrap_or("no output")
+            .to_owned(),
+    })
+}
+
+impl LazyImage {
+    /// The image of `index` under `realm_dir/lazy`: reused if it is mounted or was completely
+    /// materialised before, else created (`mkfs.ext4`, loop mount, placeholders). One preparer
+    /// per realm at a time (a lock).
+    pub fn prepare(realm_dir: &Path, index: &Index) -> Result<LazyImage, LazyError> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for p in index.packages().values() {
+            (&p.name, &p.archive.sha256).hash(&mut h);
+        }
+        let key = format!("{:016x}", h.finish());
+        let base = realm_dir.join("lazy");
+        std::fs::create_dir_all(&base).map_err(io("create dir", &base))?;
+        let lock_path = base.join("lock");
+        let lock_file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io("open", &lock_path))?;
+        let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| LazyError::Io {
+                op: "flock",
+                path: lock_path.clone(),
+                source: e.into(),
+            })?;
+        let (img, mnt, map) = (
+            base.join(format!("{key}.img")),
+            base.join(&key),
+            base.join(format!("{key}.inodes.json")),
+        );
+        let complete = map.exists() && img.exists();
+        if !complete {
+            if is_mounted(&mnt)? {
+                command(std::process::Command::new("umount").arg(&mnt))?;
+            }
+            let _ = std::fs::remove_file(&img);
+            let files: usize = index.packages().values().map(|p| p.files.len()).sum();
+            let bytes: u64 = index.packages().values().map(|p| p.unpacked_size()).sum();
+            // Data, one inode and a directory block per file, and slack; sparse until filled.
+            let size = bytes
+                .saturating_add((files as u64).saturating_mul(8192))
+                .saturating_add(64 << 20);
+            let f = std::fs::File::create(&img).map_err(io("create", &img))?;
+            f.set_len(size).map_err(io("size", &img))?;
+            drop(f);
+            command(
+                std::process::Command::new("mkfs.ext4")
+                    .args(["-q", "-F", "-O", "^has_journal", "-m", "0", "-N"])
+                    .arg((files * 2 + 256).to_string())
+                    .arg(&img),
+            )?;
+        }
+        if !is_mounted(&mnt)? {
+            std::fs::create_dir_all(&mnt).map_err(io("create dir", &mnt))?;
+            command(
+                std::process::Command::new("mount")
+                    .args(["-o", "loop,nosuid,nodev"])
+                    .arg(&img)
+                    .arg(&mnt),
+            )?;
+        }
+        let files = if complete {
+            let text = std::fs::read_to_string(&map).map_err(io("read", &map))?;
+            parse_map(&text).ok_or_else(|| LazyError::Io {
+                op: "parse",
+                path: map.clone(),
+                source: std::io::ErrorKind::InvalidData.into(),
+            })?
+        } else {
+            let files = materialize(&mnt, index)?;
+            // Written last: its presence says the image is complete.
+            let tmp = base.join(format!(".{key}.inodes.tmp"));
+            let mut text = String::new();
+            for (ino, p) in &files {
+                text.push_str(&format!("{ino} {} {} {}\n", p.size, p.sha256, p.path));
+            }
+            std::fs::write(&tmp, text).map_err(io("write", &tmp))?;
+            std::fs::rename(&tmp, &map).map_err(io("rename", &map))?;
+            files
+        };
+        let filled_log = base.join(format!("{key}.filled"));
+        if !complete {
+            let _ = std::fs::remove_file(&filled_log);
+        }
+        Ok(LazyImage {
+            mnt,
+            filled_log,
+            files,
+        })
+    }
+}
+
+/// Lines `INODE SIZE SHA256 PATH` (paths have no newline: index paths are checked).
+fn parse_map(text: &str) -> Option<HashMap<u64, Placeholder>> {
+    text.lines()
+        .map(|l| {
+            let mut it = l.splitn(4, ' ');
+            let ino = it.next()?.parse().ok()?;
+            let size = it.next()?.parse().ok()?;
+            let sha256 = it.next()?.to_owned();
+            let path = it.next()?.to_owned();
+            Some((ino, Placeholder { path, sha256, size }))
+        })
+        .collect()
+}
+
+/// Create every directory and a sparse placeholder of the right size for every file.
+fn materialize(mnt: &Path, index: &Index) -> Result<HashMap<u64, Placeholder>, LazyError> {
+    let mut dirs = HashSet::new();
+    let mut files = HashMap::new();
+    for pkg in index.packages().values() {
+        for f in &pkg.files {
+            // Index paths are checked relative paths of normal components.
+            let dst = mnt.join(&f.path);
+            if let Some(d) = dst.parent() {
+                if dirs.insert(d.to_owned()) {
+                    std::fs::create_dir_all(d).map_err(io("create dir", d))?;
+                }
+            }
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o444)
+                .open(&dst)
+                .map_err(io("create", &dst))?;
+            file.set_len(f.size).map_err(io("size", &dst))?;
+            let ino = file.metadata().map_err(io("stat", &dst))?.ino();
+            files.insert(
+                ino,
+                Placeholder {
+                    path: f.path.clone(),
+                    sha256: f.sha256.clone(),
+                    size: f.size,
+                },
+            );
+        }
+    }
+    Ok(files)
+}
+
+/// Counters of one [`FillServer`].
+#[derive(Debug, Default)]
+pub struct FillStats {
+    /// Files filled by this server.
+    pub filled: AtomicU64,
+    /// Bytes written into placeholders.
+    pub bytes: AtomicU64,
+    /// Accesses answered with an error.
+    pub denied: AtomicU64,
+    /// Events for files that were already complete.
+    pub present: AtomicU64,
+}
+
+/// Answers the pre-content events of one mounted image: one thread reads events and answers
+/// what needs no work; [`FILL_THREADS`] workers fill files (one fill per file, every reader of
+/// that file waiting on it).
+pub struct FillServer {
+    pub stats: Arc<FillStats>,
+}
+
+/// Files filled at once.
+const FILL_THREADS: usize = 4;
+
+impl FillServer {
+    /// Mark the image's filesystem and start answering its events. `rt` runs the fetcher.
+    pub fn start(
+        image: LazyImage,
+        cache: Arc<RealmCache>,
+        rt: tokio::runtime::Handle,
+        report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
+    ) -> Result<FillServer, LazyError> {
+        // Read-only event fds: the reader's path may be a read-only bind. Fills write through
+        // the host mount; the events those writes raise come from this process and are allowed.
+        let fan = Fanotify::init(
+            InitFlags::FAN_CLASS_PRE_CONTENT | InitFlags::FAN_CLOEXEC,
+            EventFFlags::O_RDONLY | EventFFlags::O_LARGEFILE,
+        )
+        .map_err(|source| LazyError::Fanotify { op: "init", source })?;
+        let root = std::fs::File::open(&image.mnt).map_err(io("open", &image.mnt))?;
+        fan.mark(
+            MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
+            mask(),
+            &root,
+            None::<&Path>,
+        )
+        .map_err(|source| LazyError::Fanotify { op: "mark", source })?;
+        // Files completed earlier in this boot: answered at once from `done`, and given ignore
+        // marks by path (a lookup, not an open) on the event thread before it reads events, so
+        // the target's start does not wait for them. After a crash of the machine the log's
+        // boot id differs, and each file is verified by its hash on its first touch instead.
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|b| b.trim().to_owned())
+            .unwrap_or_default();
+        let mut done = HashSet::new();
+        let mut ignores = Vec::new();
+        for line in std::fs::read_to_string(&image.filled_log)
+            .unwrap_or_default()
+            .lines()
+        {
+            let Some((b, ino)) = line.split_once(' ') else {
+                continue;
+            };
+            let Some(p) = ino
+                .parse()
+                .ok()
+                .and_then(|i: u64| image.files.get(&i).map(|p| (i, p)))
+            else {
+                continue;
+            };
+            if b == boot && !boot.is_empty() && done.insert(p.0) {
+                ignores.push(p.1.path.clone());
+            }
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&image.filled_log)
+            .map_err(io("open", &image.filled_log))?;
+        let stats = Arc::new(FillStats::default());
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        let server = Arc::new(Server {
+            fan,
+            mnt: image.mnt,
+            by_sha: image.files.iter().fold(HashMap::new(), |mut m, (ino, p)| {
+                m.entry(p.sha256.clone())
+                    .or_insert_with(Vec::new)
+                    .push(*ino);
+                m
+            }),
+            files: image.files,
+            cache,
+            rt,
+            stats: stats.clone(),
+            done: Mutex::new(done),
+            log: Mutex::new(log),
+            boot,
+            waiting: Mutex::new(HashMap::new()),
+            report,
+            me: std::process::id() as i32,
+            exe: std::fs::read_link("/proc/self/exe").ok(),
+            peers: Mutex::new(HashMap::new()),
+        });
+        // Stream: a reader waiting for a file is released as soon as the unpacker has verified
+        // that file, not when its whole package is installed.
+        let weak = Arc::downgrade(&server);
+        server
+            .cache
+            .set_file_hook(Arc::new(move |sha: &str, staged: &Path| {
+                if let Some(server) = weak.upgrade() {
+                    server.verified(sha, staged);
+                }
+            }));
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..FILL_THREADS {
+            let (server, rx) = (server.clone(), rx.clone());
+            std::thread::Builder::new()
+                .name(format!("sigma-fill-{i}"))
+                .spawn(move || loop {
+                    let next = lock(&rx).recv();
+                    match next {
+                        Ok(ino) => server.fill_and_answer(ino),
+                        Err(_) => return,
+                    }
+                })
+                .map_err(io("spawn", Path::new("sigma-fill")))?;
+        }
+        std::thread::Builder::new()
+            .name("sigma-fanotify".into())
+            .spawn(move || {
+                for path in ignores {
+                    let _ = server
+                        .fan
+                        .mark(ignore_flags(), mask(), &root, Some(Path::new(&path)));
+                }
+                server.run(tx)
+            })
+            .map_err(io("spawn", Path::new("sigma-fanotify")))?;
+        Ok(FillServer { stats })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Single inserts and removals: a panic cannot leave these inconsistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An ignore mark for one file: no more events for it in this group.
+fn ignore_flags() -> MarkFlags {
+    MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_IGNORE | MarkFlags::FAN_MARK_IGNORED_SURV_MODIFY
+}
+
+fn mask() -> MaskFlags {
+    MaskFlags::from_bits_retain(MaskFlags::FAN_OPEN_PERM.bits() | FAN_PRE_ACCESS)
+}
+
+/// FAN_DENY_ERRNO(EIO): the reader sees an I/O error, never zeros.
+fn deny_eio() -> Response {
+    Response::from_bits_retain(Response::FAN_DENY.bits() | ((libc::EIO as u32 & 0xff) << 24))
+}
+
+struct Server {
+    fan: Fanotify,
+    mnt: PathBuf,
+    files: HashMap<u64, Placeholder>,
+    /// sha256 → the placeholders with that content.
+    by_sha: HashMap<String, Vec<u64>>,
+    cache: Arc<RealmCache>,
+    rt: tokio::runtime::Handle,
+    stats: Arc<FillStats>,
+    /// Inodes known complete by this server.
+    done: Mutex<HashSet<u64>>,
+    /// Appends `BOOT_ID INODE` for every completed file.
+    log: Mutex<std::fs::File>,
+    boot: String,
+    /// Inode being filled → the events (readers) waiting for it.
+    waiting: Mutex<HashMap<u64, Vec<FanotifyEvent>>>,
+    report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
+    me: i32,
+    /// This binary, to recognise the fills of other supervisors.
+    exe: Option<PathBuf>,
+    /// Pid → whether it runs this binary (pids of targets are asked once).
+    peers: Mutex<HashMap<i32, bool>>,
+}
+
+/// Why a fill failed: the reader gets EIO either way.
+enum FillError {
+    Fetch(fetcher::FetchError),
+    Local(std::io::Error),
+}
+
+impl Server {
+    fn respond(&self, fd: BorrowedFd<'_>, response: Response) {
+        if let Err(e) = self.fan.write_response(FanotifyResponse::new(fd, response)) {
+            tracing::warn!(error = %e, "fanotify response failed");
+        }
+    }
+
+    /// Whether `pid` is this process or another process running this supervisor binary.
+    fn is_fill_server(&self, pid: i32) -> bool {
+        if pid == self.me {
+            return true;
+        }
+        if let Some(&known) = lock(&self.peers).get(&pid) {
+            return known;
+        }
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let peer = exe.is_some() && exe == self.exe;
+        lock(&self.peers).insert(pid, peer);
+        peer
+    }
+
+    fn run(&self, fills: std::sync::mpsc::Sender<u64>) {
+        let mut warned = false;
+        loop {
+            let events = match self.fan.read_events() {
+                Ok(e) => e,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e @ (nix::errno::Errno::EBADF | nix::errno::Errno::EINVAL)) => {
+                    tracing::error!(error = %e, "fanotify read failed; lazy fills stop");
+                    return;
+                }
+                // One event whose fd could not be opened (the kernel denied it): go on.
+                Err(e) => {
+                    if !std::mem::replace(&mut warned, true) {
+                        tracing::warn!(error = %e, "fanotify event dropped");
+                    }
+                    continue;
+                }
+            };
+            for ev in events {
+                let Some(fd) = ev.fd() else { continue };
+                if self.is_fill_server(ev.pid()) {
+                    // A fill or check by this or another supervisor of the image (each has its
+                    // own group and mark): never make one server wait for another.
+                    self.respond(fd, Response::FAN_ALLOW);
+                    continue;
+                }
+                let Ok(st) = nix::sys::stat::fstat(fd) else {
+                    self.respond(fd, deny_eio());
+                    continue;
+                };
+                let ino = st.st_ino;
+                if !self.files.contains_key(&ino) || lock(&self.done).contains(&ino) {
+                    // Not a placeholder (a directory, nothing else lives here) or complete.
+                    self.respond(fd, Response::FAN_ALLOW);
+                    continue;
+                }
+                let mut waiting = lock(&self.waiting);
+                if let Some(w) = waiting.get_mut(&ino) {
+                    w.push(ev);
+                    continue;
+                }
+                waiting.insert(ino, vec![ev]);
+                drop(waiting);
+                if fills.send(ino).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn fill_and_answer(&self, ino: u64) {
+        let Some(p) = self.files.get(&ino) else {
+            return;
+        };
+        let result = self.fill(p, ino);
+        self.finish(ino, p, result);
+    }
+
+    /// A file the unpacker just verified: fill the placeholders readers are waiting for.
+    fn verified(&self, sha: &str, staged: &Path) {
+        for &ino in self.by_sha.get(sha).into_iter().flatten() {
+            if !lock(&self.waiting).contains_key(&ino) || lock(&self.done).contains(&ino) {
+                continue;
+            }
+            let p = &self.files[&ino];
+            // On failure the worker fills it from the CAS once the install ends.
+            if self.fill_from(p, staged).is_ok() {
+                self.finish(ino, p, Ok(()));
+            }
+        }
+    }
+
+    /// Record the outcome for `ino` and answer every reader waiting for it (once).
+    fn finish(&self, ino: u64, p: &Placeholder, result: Result<(), FillError>) {
+        if result.is_ok() && lock(&self.done).insert(ino) {
+            use std::io::Write as _;
+            // One short append (atomic for O_APPEND): concurrent supervisors interleave lines.
+            let _ = lock(&self.log).write_all(format!("{} {ino}\n", self.boot).as_bytes());
+        }
+        let events = lock(&self.waiting).remove(&ino).unwrap_or_default();
+        match result {
+            Ok(()) => {
+                // No more events for this file: from now on it is plain page cache.
+                if let Some(fd) = events.first().and_then(FanotifyEvent::fd) {
+                    if let Err(e) = self.fan.mark(ignore_flags(), mask(), fd, None::<&Path>) {
+                        tracing::debug!(error = %e, "ignore mark");
+                    }
+                }
+                for ev in &events {
+                    if let Some(fd) = ev.fd() {
+                        self.respond(fd, Response::FAN_ALLOW);
+                    }
+                }
+            }
+            Err(e) => {
+                match e {
+                    FillError::Fetch(e) => (self.report)(&e),
+                    FillError::Local(e) => {
+                        tracing::warn!(path = %p.path, error = %e, "lazy fill failed")
+                    }
+                }
+                for ev in &events {
+                    if let Some(fd) = ev.fd() {
+                        self.stats.denied.fetch_add(1, Ordering::Relaxed);
+                        self.respond(fd, deny_eio());
+                    }
+                }
+            }
+        }
+    }
+
+    fn fill(&self, p: &Placeholder, ino: u64) -> Result<(), FillError> {
+        let path = self.mnt.join(&p.path);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(FillError::Local)?;
+        // Filled by an earlier server (or another supervisor of the realm): verify, not refetch.
+        if p.size == 0 || content_matches(&file, p).map_err(FillError::Local)? {
+            self.stats.present.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        let first = p.path.split('/').next().unwrap_or(&p.path);
+        drop(file);
+        self.rt
+            .block_on(self.cache.ensure(first))
+            .map_err(FillError::Fetch)?;
+        if lock(&self.done).contains(&ino) {
+            // Filled from the unpacker while the package streamed in.
+            return Ok(());
+        }
+        // The CAS holds verified bytes (the fetcher hashed them against the index).
+        self.fill_from(p, &self.cache.cas_path(&p.sha256))
+            .map_err(FillError::Local)
+    }
+
+    /// Copy verified bytes from `src` into the placeholder (through the host mount).
+    fn fill_from(&self, p: &Placeholder, src: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let data = std::fs::read(src)?;
+        if data.len() as u64 != p.size {
+            return Err(std::io::Error::other("verified file has another size"));
+        }
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.mnt.join(&p.path))?;
+        file.write_all_at(&data, 0)?;
+        self.stats.filled.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Whether `file` already holds the placeholder's bytes. A file without any data block is a
+/// placeholder.
+fn content_matches(file: &std::fs::File, p: &Placeholder) -> std::io::Result<bool> {
+    use sha2::{Digest, Sha256};
+    if file.metadata()?.blocks() == 0 {
+        return Ok(false);
+    }
+    let mut h = Sha256::new();
+    let n = std::io::copy(&mut &*file, &mut h)?;
+    Ok(n == p.size && hex::encode(h.finalize()) == p.sha256)
+}

@@ -1,0 +1,337 @@
+//! The lazy realm backend end to end (`--lazy`): the real binary, real CPython, a real ext4
+//! image on a loop device and real fanotify pre-content events. Needs root (mount, fanotify in
+//! the initial namespace) and a kernel with pre-content events (6.14+): without them the
+//! supervisor falls back to notifications and these tests fail, loudly, on the backend line.
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+extern crate fetcher as sigma_fetcher;
+#[path = "../../fetcher/tests/common/mod.rs"]
+mod common;
+
+mod interp;
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A published package in a `file://` bucket and a cache root; unmounts the realm images the
+/// tests created when dropped (images stay mounted for reuse otherwise).
+struct Setup {
+    tmp: tempfile::TempDir,
+    pkg: PathBuf,
+    bucket: String,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let root = self.tmp.path().to_string_lossy().into_owned();
+        for mnt in info.lines().filter_map(|l| l.split(' ').nth(4)) {
+            if mnt.starts_with(&root) {
+                let _ = Command::new("umount").arg(mnt).status();
+            }
+        }
+    }
+}
+
+fn setup(big: usize) -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let pkg = common::make_pkg(&tmp.path().join("src"), "demo_z", big);
+    // Never touched: the realm stays incomplete, so every run here takes the lazy backend
+    // (a complete realm is bind-mounted from its lib dir instead).
+    let other = common::make_pkg(&tmp.path().join("src"), "demo_y", 1000);
+    let dir = tmp.path().join("bucket");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bucket = format!("file://{}", dir.display());
+    let out = interp::supervisor()
+        .args(["publish", "--bucket", &bucket])
+        .arg(&pkg)
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    Setup { tmp, pkg, bucket }
+}
+
+impl Setup {
+    fn cache(&self) -> PathBuf {
+        self.tmp.path().join("cache")
+    }
+
+    /// `sigma-supervise --stats [--lazy] --realm r … python3 -c CODE`.
+    fn cmd(&self, lazy: bool, code: &str) -> Command {
+        let mut c = interp::supervisor();
+        c.env_remove("PYTHONPATH")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .arg("--stats");
+        if lazy {
+            c.arg("--lazy");
+        }
+        c.args(["--realm", "r", "--bucket", &self.bucket])
+            .arg("--cache-dir")
+            .arg(self.cache())
+            .args(["python3", "-c", code]);
+        c
+    }
+
+    fn run(&self, lazy: bool, code: &str) -> Output {
+        let o = self.cmd(lazy, code).output().unwrap();
+        eprintln!("--- stdout\n{}--- stderr\n{}", stdout(&o), stderr(&o));
+        o
+    }
+
+    /// A first run that only lists the prefix: the realm's index snapshot, nothing installed.
+    fn snapshot(&self) {
+        let o = self.run(false, "import os; print(sorted(os.listdir('/sigma/lib')))");
+        assert_eq!(stdout(&o), "['demo_y', 'demo_z']\n");
+    }
+
+    fn sha256_of(&self, path: &Path) -> String {
+        let o = Command::new("python3")
+            .args([
+                "-c",
+                "import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())",
+            ])
+            .arg(path)
+            .output()
+            .unwrap();
+        stdout(&o).trim().to_owned()
+    }
+}
+
+fn realm_line(o: &Output) -> String {
+    stderr(o)
+        .lines()
+        .find(|l| l.starts_with("sigma-supervise realm "))
+        .unwrap_or_else(|| panic!("no realm line:\n{}", stderr(o)))
+        .to_owned()
+}
+
+fn counter(line: &str, after: &str) -> u64 {
+    line.split(after)
+        .nth(1)
+        .and_then(|s| s.split([' ', ';', ',']).next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no {after:?} in {line:?}"))
+}
+
+#[test]
+fn placeholders_are_visible_before_any_fetch_and_every_read_gets_real_bytes() {
+    let s = setup(3_000_000);
+    s.snapshot();
+    // Listing and stat: sizes right, nothing fetched.
+    let o = s.run(
+        true,
+        "import os; d='/sigma/lib/demo_z'; print(sorted(os.listdir(d)), os.stat(d+'/blob.bin').st_size)",
+    );
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(
+        stdout(&o),
+        "['__init__.py', '__pycache__', 'blob.bin', 'sub'] 3000000\n",
+        "the tree and sizes before any fetch"
+    );
+    let line = realm_line(&o);
+    assert!(line.contains("backend lazy"), "{line}");
+    assert_eq!(counter(&line, "fetched "), 0, "{line}");
+    assert_eq!(counter(&line, "filled "), 0, "{line}");
+
+    // `cp` on the host through the image while a supervisor serves it: real bytes (cp's
+    // SEEK_DATA probing of a sparse file raises no event of its own; the open does).
+    let mut keeper = s
+        .cmd(true, "import time; time.sleep(3)")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let img = std::fs::read_dir(s.cache().join("realms/r/lazy"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    let copy = s.tmp.path().join("cp-copy");
+    let st = Command::new("cp")
+        .arg(img.join("demo_z/sub/mod.py"))
+        .arg(&copy)
+        .status()
+        .unwrap();
+    keeper.wait().unwrap();
+    assert!(st.success());
+    assert_eq!(
+        std::fs::read(&copy).unwrap(),
+        std::fs::read(s.pkg.join("sub/mod.py")).unwrap()
+    );
+    let want = s.sha256_of(&s.pkg.join("blob.bin"));
+    // Import, mmap of a file never read before, shutil.copy of another: real bytes everywhere, no
+    // notification at all.
+    let code = r#"
+import hashlib, mmap, shutil, os
+import demo_z
+from demo_z.sub.mod import f
+print(demo_z.NAME, f())
+with open('/sigma/lib/demo_z/blob.bin', 'rb') as fh:
+    m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+    print(hashlib.sha256(m[:]).hexdigest())
+dst = '/tmp/sigma-lazy-copy-%d' % os.getpid()
+# Two destinations: copies keep the source's read-only mode, and the proc is no root.
+shutil.copy('/sigma/lib/demo_z/sub/__init__.py', dst + '-init')
+shutil.copy('/sigma/lib/demo_z/sub/mod.py', dst)
+print(open(dst).read().strip())
+os.unlink(dst)
+"#;
+    let o = s.run(true, code);
+    assert_eq!(o.status.code(), Some(0));
+    let src_mod = std::fs::read_to_string(s.pkg.join("sub/mod.py")).unwrap();
+    assert_eq!(
+        stdout(&o),
+        format!("demo_z 42\n{want}\n{}\n", src_mod.trim())
+    );
+    let line = realm_line(&o);
+    assert!(line.contains("backend lazy"), "{line}");
+    assert_eq!(
+        counter(&line, "fetched "),
+        0,
+        "in the cache since the cp: {line}"
+    );
+    assert!(
+        stderr(&o).contains("sigma-supervise stats: 0 notifications"),
+        "{}",
+        stderr(&o)
+    );
+    // The next run: files completed in this boot raise no event at all (ignore marks from the
+    // image's log), so nothing is filled or even checked.
+    let o = s.run(true, code);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).starts_with("demo_z 42\n"));
+    let line = realm_line(&o);
+    assert_eq!(
+        (
+            counter(&line, "filled "),
+            counter(&line, "already present ")
+        ),
+        (0, 0),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_corrupt_object_gives_eio_and_nothing_is_filled() {
+    let s = setup(200_000);
+    s.snapshot();
+    let pkgs = s.tmp.path().join("bucket/sigma-lib/pkgs");
+    let archive = std::fs::read_dir(&pkgs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("demo-z-"))
+        .unwrap();
+    let mut data = std::fs::read(&archive).unwrap();
+    let mid = data.len() / 2;
+    data[mid] ^= 0xff;
+    std::fs::write(&archive, data).unwrap();
+    let code = r#"
+try:
+    open('/sigma/lib/demo_z/blob.bin', 'rb').read(10)
+    print('read')
+except OSError as e:
+    print('errno', e.errno)
+"#;
+    let o = s.run(true, code);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "errno 5\n", "EIO, never zeros");
+    let line = realm_line(&o);
+    assert!(
+        line.contains("backend lazy") && counter(&line, "denied ") >= 1,
+        "{line}"
+    );
+    assert!(stderr(&o).contains("integrity mismatch"), "{}", stderr(&o));
+    // Nothing wrong was written: the placeholder still has no data block, the CAS is empty.
+    let img = std::fs::read_dir(s.cache().join("realms/r/lazy"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    assert_eq!(
+        std::fs::metadata(img.join("demo_z/blob.bin"))
+            .unwrap()
+            .blocks(),
+        0
+    );
+    assert_eq!(std::fs::read_dir(s.cache().join("cas")).unwrap().count(), 0);
+}
+
+#[test]
+fn a_store_that_is_down_fails_the_read_within_the_fetch_bound() {
+    let s = setup(100_000);
+    s.snapshot();
+    // Same realm (its snapshot), a bucket on a port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let t = Instant::now();
+    let o = interp::supervisor()
+        .env_remove("PYTHONPATH")
+        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"))
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "y")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .args(["--stats", "--lazy", "--realm", "r", "--bucket", "s3://gone"])
+        .arg("--cache-dir")
+        .arg(s.cache())
+        .args([
+            "python3",
+            "-c",
+            "import time\nt=time.monotonic()\ntry:\n import demo_z\n print('imported')\nexcept (ImportError, OSError) as e:\n print(type(e).__name__, round(time.monotonic()-t, 1))",
+        ])
+        .output()
+        .unwrap();
+    eprintln!("{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    let secs: f64 = out.trim().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(!out.starts_with("imported"), "{out}");
+    assert!(
+        secs < 2.5,
+        "{out}: the read waited past the 2 s fetch bound"
+    );
+    assert!(t.elapsed() < Duration::from_secs(20));
+    assert!(realm_line(&o).contains("backend lazy"));
+}
+
+#[test]
+fn sixteen_concurrent_procs_make_one_download() {
+    let s = setup(2_000_000);
+    s.snapshot();
+    let want = s.sha256_of(&s.pkg.join("blob.bin"));
+    let code = "import hashlib, demo_z; print(hashlib.sha256(open(demo_z.__path__[0] + '/blob.bin', 'rb').read()).hexdigest())";
+    let children: Vec<_> = (0..16)
+        .map(|_| {
+            s.cmd(true, code)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut downloads = 0;
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert_eq!(stdout(&o).trim(), want);
+        let line = realm_line(&o);
+        assert!(line.contains("backend lazy"), "{line}");
+        downloads += counter(&line, "fetched ");
+    }
+    assert_eq!(downloads, 1, "one download across 16 supervisors");
+}
