@@ -61,7 +61,7 @@ impl Guard {
             let cmp = ScmpArgCompare::new(
                 1,
                 ScmpCompareOp::MaskedEqual(0xffff_ffff),
-                req as u64 & 0xffff_ffff,
+                req & 0xffff_ffff,
             );
             rule("ioctl", eperm, &[cmp])?;
         }

@@ -265,7 +265,7 @@ impl JailSpec {
         steps.push(Step::Tmpfs {
             path: cstr(&built(Path::new("/tmp")))?,
             data: CString::new(format!("mode=1777,size={}", self.tmp_size)).expect("no NUL"),
-            flags: (libc::MS_NOSUID | libc::MS_NODEV) as u64,
+            flags: (libc::MS_NOSUID | libc::MS_NODEV),
         });
         steps.push(Step::Proc {
             path: cstr(&built(Path::new("/proc")))?,
@@ -389,7 +389,7 @@ fn dev_steps(
     steps.push(Step::Tmpfs {
         path: cstr(&built(Path::new("/dev")))?,
         data: CString::new("mode=0755,size=64k").expect("no NUL"),
-        flags: (libc::MS_NOSUID | libc::MS_NOEXEC) as u64,
+        flags: (libc::MS_NOSUID | libc::MS_NOEXEC),
     });
     for name in ["null", "zero", "full", "random", "urandom", "tty"] {
         let host = PathBuf::from("/dev").join(name);
@@ -419,7 +419,7 @@ fn dev_steps(
     steps.push(Step::Tmpfs {
         path: cstr(&built(Path::new("/dev/shm")))?,
         data: CString::new("mode=1777,size=256m").expect("no NUL"),
-        flags: (libc::MS_NOSUID | libc::MS_NODEV) as u64,
+        flags: (libc::MS_NOSUID | libc::MS_NODEV),
     });
     for (link, target) in [
         ("/dev/ptmx", "pts/ptmx"),
