@@ -9,23 +9,33 @@
 use crate::plan::Plan;
 use crate::sys;
 use nix::errno::Errno;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 /// A user namespace mapping inside 0 to the proc's host ids, as an fd (a short-lived helper
 /// process makes it).
 fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, String> {
     let (r, w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
-    // SAFETY: the supervisor is single-threaded here (before the jail is cloned); the child only
-    // blocks on a pipe read and exits.
-    let pid = unsafe { sys::clone_fork(libc::CLONE_NEWUSER) }
-        .map_err(|e| format!("creating the id-mapping user namespace: {}", e.desc()))?;
-    if pid == 0 {
-        drop(w);
+    // The helper only blocks on the pipe and exits: it shares our memory (CLONE_VM, no page
+    // tables copied) and runs on a small stack of its own.
+    let mut stack = vec![0u8; 64 * 1024];
+    let rfd = r.as_raw_fd();
+    let cb = Box::new(move || {
         let mut b = [0u8; 1];
-        let _ = nix::unistd::read(&r, &mut b);
-        sys::exit_now(0)
+        // SAFETY: `rfd` stays open in the parent until after this helper is reaped or killed.
+        let _ = nix::unistd::read(unsafe { BorrowedFd::borrow_raw(rfd) }, &mut b);
+        0
+    });
+    // SAFETY: the callback touches only the pipe's read end and a local buffer; the parent keeps
+    // `stack` alive until the helper has exited (waited for below).
+    let pid = unsafe {
+        nix::sched::clone(
+            cb,
+            &mut stack,
+            nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_VM,
+            Some(libc::SIGCHLD),
+        )
     }
-    drop(r);
+    .map_err(|e| format!("creating the id-mapping user namespace: {}", e.desc()))?;
     let res = (|| {
         let base = format!("/proc/{pid}");
         std::fs::write(format!("{base}/uid_map"), format!("0 {host_uid} 1\n"))?;
@@ -35,7 +45,9 @@ fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, String> {
     })()
     .map_err(|e| format!("mapping ids for idmapped binds: {e}"));
     drop(w);
-    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    let _ = nix::sys::wait::waitpid(pid, None);
+    drop(r);
+    drop(stack);
     res
 }
 
