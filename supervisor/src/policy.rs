@@ -12,6 +12,10 @@ pub struct Policy {
     profile: Profile,
     served: Vec<Served>,
     denied: Vec<PathBuf>,
+    /// Whether the target runs in the σcontainer (its own PID namespace). Without one, the
+    /// signalling calls the profile lets through are notified and confined to the proc's tree
+    /// ([`crate::handlers::signal`]).
+    jailed: bool,
 }
 
 /// A decision for one resolved path.
@@ -29,13 +33,21 @@ pub enum Decide {
 #[derive(Clone, Copy)]
 pub enum Kind {
     Path(&'static crate::handlers::Spec),
+    /// A signal without a PID namespace: delivered only within the proc's tree.
+    Signal(crate::handlers::signal::SignalCall),
     /// Outside the allow-list: the profile's errno, logged once per name.
     Refused(i32),
 }
 
 impl Policy {
-    pub fn load(name: &str, serves: &[String]) -> anyhow::Result<Policy> {
+    /// Load profile `name` (builtin or file) with `--serve` rules. `audit` notifies refusals so
+    /// each refused name is logged (otherwise the kernel refuses them without a notification).
+    /// The result assumes a jail ([`Policy::set_jailed`] says otherwise).
+    pub fn load(name: &str, serves: &[String], audit: bool) -> anyhow::Result<Policy> {
         let mut profile = policies::load(name)?;
+        if audit {
+            profile.set_logs_denied(true);
+        }
         for s in serves {
             profile.add_serve(s)?;
         }
@@ -62,7 +74,33 @@ impl Policy {
             profile,
             served,
             denied,
+            jailed: true,
         })
+    }
+
+    /// Whether the target gets its own PID namespace (the σcontainer). Default: true.
+    pub fn set_jailed(&mut self, jailed: bool) {
+        self.jailed = jailed;
+    }
+
+    /// The signalling calls the supervisor decides: without a jail, those the profile lets
+    /// the kernel run unconditionally (a refused one stays refused).
+    fn signal_calls(&self) -> Vec<(&'static str, crate::handlers::signal::SignalCall)> {
+        if self.jailed {
+            return Vec::new();
+        }
+        let spec = self.profile.filter_spec();
+        crate::handlers::signal::SignalCall::ALL
+            .into_iter()
+            .filter(|(name, _)| {
+                let rules: Vec<_> = spec.rules.iter().filter(|r| r.name == *name).collect();
+                match rules.as_slice() {
+                    [] => spec.default == notify::Action::Allow,
+                    [r] => r.when.is_empty() && r.action == notify::Action::Allow,
+                    _ => false,
+                }
+            })
+            .collect()
     }
 
     /// Whether any path rule (deny, serve, continue) exists. Without one every path decision
@@ -88,6 +126,16 @@ impl Policy {
                 }));
             if spec.default == notify::Action::Allow {
                 spec.rules.retain(|r| r.action != notify::Action::Allow);
+            }
+        }
+        for (name, _) in self.signal_calls() {
+            spec.rules.retain(|r| r.name != name);
+            if spec.default != notify::Action::Notify {
+                spec.rules.push(notify::SyscallRule {
+                    name: name.to_owned(),
+                    action: notify::Action::Notify,
+                    when: Vec::new(),
+                });
             }
         }
         spec
@@ -143,6 +191,16 @@ impl Policy {
                     ));
                     table[nr] = Some(Kind::Refused(libc::EPERM));
                 }
+            }
+        }
+        for (name, call) in self.signal_calls() {
+            let nr = libseccomp::ScmpSyscall::from_name(name)
+                .with_context(|| format!("syscall `{name}`"))?;
+            if let Some(k) = usize::try_from(i32::from(nr))
+                .ok()
+                .and_then(|n| table.get_mut(n))
+            {
+                *k = Some(Kind::Signal(call));
             }
         }
         Ok((table, warnings))
