@@ -80,7 +80,7 @@ const TABLE_3_1: [&str; 73] = [
     "clock_gettime", //
 ];
 
-const PATH_CALLS: [&str; 33] = [
+const PATH_CALLS: [&str; 36] = [
     "open",
     "openat",
     "stat",
@@ -114,6 +114,9 @@ const PATH_CALLS: [&str; 33] = [
     "mknodat",
     "mknod",
     "fchmodat",
+    "chown",
+    "lchown",
+    "fchownat",
 ];
 
 /// Path calls that also have a conditional allow for AT_EMPTY_PATH (fstat of a held fd), with the
@@ -155,6 +158,10 @@ const EVERYDAY_ALLOWED: &[&str] = &[
     "pwrite64",
     "pwritev",
     "preadv",
+    "pwritev2",
+    "preadv2",
+    "fchmod",
+    "fchown",
     "fdatasync",
     "msync",
     "flock",
@@ -645,9 +652,8 @@ fn sigmaos_additions_for_ordinary_programs() {
             value: libc::AF_UNIX as u64
         }]
     );
-    // Deliberately left to the default: sockets (the network is σOS's), fchmod/fchown (would
-    // reach served host files through injected fds).
-    for name in ["socket", "fchmod", "fchown", "ptrace", "mount"] {
+    // Deliberately left to the default: sockets (the network is σOS's), tracing, mounts.
+    for name in ["socket", "ptrace", "mount", "setuid", "chroot"] {
         assert!(p.syscalls().iter().all(|e| e.name != name), "{name}");
         assert_eq!(
             kernel_action(&spec, name, [1, 1, 0, 0, 0, 0]),
