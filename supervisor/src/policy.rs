@@ -116,7 +116,18 @@ impl Policy {
     pub fn filter_spec(&self, elide_paths: bool) -> notify::FilterSpec {
         let mut spec = self.profile.filter_spec();
         if elide_paths {
-            let notified = self.profile.notified_syscalls();
+            // A call whose handler checks its arguments (mknod: FIFOs and files only) stays
+            // notified: the check is not a path decision.
+            let notified: Vec<String> = self
+                .profile
+                .notified_syscalls()
+                .into_iter()
+                .filter(|n| {
+                    !crate::handlers::SPECS
+                        .iter()
+                        .any(|s| s.name == n && s.check.is_some())
+                })
+                .collect();
             spec.rules.retain(|r| !notified.contains(&r.name));
             spec.rules
                 .extend(notified.into_iter().map(|name| notify::SyscallRule {
