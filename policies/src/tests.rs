@@ -80,7 +80,7 @@ const TABLE_3_1: [&str; 73] = [
     "clock_gettime", //
 ];
 
-const PATH_CALLS: [&str; 36] = [
+const PATH_CALLS: [&str; 37] = [
     "open",
     "openat",
     "stat",
@@ -117,7 +117,12 @@ const PATH_CALLS: [&str; 36] = [
     "chown",
     "lchown",
     "fchownat",
+    "creat",
 ];
+
+/// Local socket calls `sigmaos` decides by the socket's path (not notified under permissive,
+/// which lets every socket through).
+const SOCKET_PATH_CALLS: [&str; 2] = ["bind", "connect"];
 
 /// Path calls that also have a conditional allow for AT_EMPTY_PATH (fstat of a held fd), with the
 /// index of their flags argument.
@@ -160,6 +165,8 @@ const EVERYDAY_ALLOWED: &[&str] = &[
     "preadv",
     "pwritev2",
     "preadv2",
+    "splice",
+    "pidfd_open",
     "fchmod",
     "fchown",
     "fdatasync",
@@ -451,7 +458,11 @@ fn sigmaos_refuses_in_the_kernel_and_audit_brings_the_log_back() {
 #[test]
 fn sigmaos_filter_spec_allows_or_notifies_table_3_1() {
     let mut p = sigmaos();
-    let mut want: Vec<String> = PATH_CALLS.iter().map(|s| s.to_string()).collect();
+    let mut want: Vec<String> = PATH_CALLS
+        .iter()
+        .chain(&SOCKET_PATH_CALLS)
+        .map(|s| s.to_string())
+        .collect();
     want.sort();
     let mut n = p.notified_syscalls();
     n.sort();
@@ -625,12 +636,41 @@ fn sigmaos_additions_for_ordinary_programs() {
         "listxattr",
         "llistxattr",
         "flistxattr",
+        "setxattr",
+        "lsetxattr",
+        "fsetxattr",
+        "removexattr",
+        "lremovexattr",
+        "fremovexattr",
     ] {
         assert_eq!(
             kernel_action(&spec, name, [0; 6]),
             Action::Errno(libc::ENOTSUP),
             "{name}"
         );
+    }
+    // setreuid/setregid: only the no-op (-1, -1), as 32-bit ids.
+    for name in ["setreuid", "setregid"] {
+        let m1 = 0xFFFF_FFFF;
+        assert_eq!(
+            kernel_action(&spec, name, [m1, m1, 0, 0, 0, 0]),
+            Action::Allow
+        );
+        assert_eq!(
+            kernel_action(&spec, name, [u64::MAX, u64::MAX, 0, 0, 0, 0]),
+            Action::Allow
+        );
+        for args in [
+            [0, m1, 0, 0, 0, 0],
+            [m1, 0, 0, 0, 0, 0],
+            [1000, 1000, 0, 0, 0, 0],
+        ] {
+            assert_eq!(
+                kernel_action(&spec, name, args),
+                Action::Errno(libc::EPERM),
+                "{name} {args:?}"
+            );
+        }
     }
     // setpriority: the caller itself, nicer only.
     let prio = |which: u64, who: u64, nice: i64| {
@@ -652,14 +692,44 @@ fn sigmaos_additions_for_ordinary_programs() {
             value: libc::AF_UNIX as u64
         }]
     );
-    // Deliberately left to the default: sockets (the network is σOS's), tracing, mounts.
-    for name in ["socket", "ptrace", "mount", "setuid", "chroot"] {
+    // Deliberately left to the default: tracing, mounts, identity changes.
+    for name in ["ptrace", "mount", "setuid", "chroot"] {
         assert!(p.syscalls().iter().all(|e| e.name != name), "{name}");
         assert_eq!(
             kernel_action(&spec, name, [1, 1, 0, 0, 0, 0]),
             Action::Errno(libc::EPERM),
             "{name}"
         );
+    }
+    // Sockets: local stream/seqpacket only (with SOCK_CLOEXEC/NONBLOCK), bind/connect decided.
+    let sock = |family: i32, ty: i32| {
+        kernel_action(&spec, "socket", [family as u64, ty as u64, 0, 0, 0, 0])
+    };
+    let (cloexec, nonblock) = (libc::SOCK_CLOEXEC, libc::SOCK_NONBLOCK);
+    assert_eq!(sock(libc::AF_UNIX, libc::SOCK_STREAM), Action::Allow);
+    assert_eq!(
+        sock(libc::AF_UNIX, libc::SOCK_STREAM | cloexec),
+        Action::Allow
+    );
+    assert_eq!(
+        sock(libc::AF_UNIX, libc::SOCK_SEQPACKET | nonblock),
+        Action::Allow
+    );
+    for (family, ty) in [
+        (libc::AF_UNIX, libc::SOCK_DGRAM),
+        (libc::AF_INET, libc::SOCK_STREAM),
+        (libc::AF_INET6, libc::SOCK_STREAM),
+        (libc::AF_NETLINK, libc::SOCK_RAW),
+        (libc::AF_PACKET, libc::SOCK_RAW),
+    ] {
+        assert_eq!(
+            sock(family, ty),
+            Action::Errno(libc::EPERM),
+            "{family} {ty}"
+        );
+    }
+    for name in SOCKET_PATH_CALLS {
+        assert_eq!(entry(&p, name).action, SyscallAction::Notify, "{name}");
     }
 }
 

@@ -35,6 +35,8 @@ pub enum Kind {
     Path(&'static crate::handlers::Spec),
     /// A signal without a PID namespace: delivered only within the proc's tree.
     Signal(crate::handlers::signal::SignalCall),
+    /// bind/connect of a local socket, decided by its path.
+    Socket(crate::handlers::socket::SocketCall),
     /// Outside the allow-list: the profile's errno, logged once per name.
     Refused(i32),
 }
@@ -83,6 +85,10 @@ impl Policy {
         self.jailed = jailed;
     }
 
+    pub fn jailed(&self) -> bool {
+        self.jailed
+    }
+
     /// The signalling calls the supervisor decides: without a jail, those the profile lets
     /// the kernel run unconditionally (a refused one stays refused).
     fn signal_calls(&self) -> Vec<(&'static str, crate::handlers::signal::SignalCall)> {
@@ -127,6 +133,8 @@ impl Policy {
                         .iter()
                         .any(|s| s.name == n && s.check.is_some())
                 })
+                // Without a jail, abstract socket names need their decision (see socket.rs).
+                .filter(|n| self.jailed || !matches!(n.as_str(), "bind" | "connect"))
                 .collect();
             spec.rules.retain(|r| !notified.contains(&r.name));
             spec.rules
@@ -193,8 +201,14 @@ impl Policy {
                 .ok()
                 .filter(|n| *n < max)
                 .ok_or_else(|| anyhow!("syscall `{name}` has no native number"))?;
+            let socket = crate::handlers::socket::SocketCall::ALL
+                .into_iter()
+                .find(|(n, _)| *n == name);
             match crate::handlers::SPECS.iter().find(|s| s.name == name) {
                 Some(spec) => table[nr] = Some(Kind::Path(spec)),
+                None if socket.is_some() => {
+                    table[nr] = socket.map(|(_, call)| Kind::Socket(call));
+                }
                 None => {
                     warnings.push(format!(
                         "profile notifies `{name}` but the supervisor has no handler for it: \

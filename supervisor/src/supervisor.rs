@@ -48,6 +48,35 @@ pub struct Shared {
     pub read_paths: bool,
     /// The proc's process tree (signals without a jail are confined to it).
     tree: Tree,
+    /// Abstract socket names the proc bound (without a jail, the only ones it may connect to).
+    abstract_names: std::sync::Mutex<std::collections::HashSet<Vec<u8>>>,
+}
+
+/// Most abstract names remembered; past it, new binds still work but are not connectable.
+const MAX_ABSTRACT_NAMES: usize = 4096;
+
+impl Shared {
+    pub fn jailed(&self) -> bool {
+        self.policy.jailed()
+    }
+
+    pub fn bound_abstract(&self, name: Vec<u8>) {
+        let mut names = self
+            .abstract_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if names.len() < MAX_ABSTRACT_NAMES {
+            names.insert(name);
+        }
+    }
+
+    pub fn is_bound_abstract(&self, name: &[u8]) -> bool {
+        let names = self
+            .abstract_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        names.contains(name)
+    }
 }
 
 /// The single place an outcome becomes the kernel's answer. A target that went away meanwhile
@@ -76,6 +105,7 @@ fn handle(sh: &Arc<Shared>, st: &mut LoopState, n: &Notification) {
     let kind = nr.and_then(|i| sh.kinds[i]);
     let result = match kind {
         Some(Kind::Path(spec)) => handlers::path_call(sh, n, spec, &mut st.info),
+        Some(Kind::Socket(call)) => handlers::socket::handle(sh, n, call, &mut st.info),
         Some(Kind::Signal(call)) => {
             let r = signal::handle(&sh.tree, n, call);
             st.info.decision = Some(match &r {
@@ -275,6 +305,7 @@ pub fn supervise(
             root: child.pid,
             supervisor: std::process::id() as i32,
         },
+        abstract_names: Default::default(),
     });
     let sh2 = Arc::clone(&sh);
     std::thread::Builder::new()

@@ -296,7 +296,7 @@ attempt("kill -1", lambda: os.kill(-1, signal.SIGCONT))
 attempt("kill parent", lambda: os.kill(os.getppid(), signal.SIGKILL))
 attempt("tgkill", lambda: raw(234, {pid}, {pid}, signal.SIGKILL))
 attempt("tkill", lambda: raw(200, {pid}, signal.SIGKILL))
-attempt("pidfd_open", lambda: os.pidfd_open({pid}))
+attempt("pidfd_send_signal", lambda: signal.pidfd_send_signal(os.pidfd_open({pid}), signal.SIGKILL))
 print("target alive")
 "#
     );
@@ -306,7 +306,7 @@ print("target alive")
         o.stdout,
         "kill PermissionError\nkillpg PermissionError\nkill -1 ProcessLookupError\n\
          kill parent PermissionError\ntgkill PermissionError\ntkill PermissionError\n\
-         pidfd_open PermissionError\ntarget alive\n"
+         pidfd_send_signal PermissionError\ntarget alive\n"
     );
     // The attack's effect did not happen: the decoy lives, still stopped.
     assert_eq!(state(pid), Some('T'), "the decoy was killed or continued");
@@ -325,6 +325,9 @@ print("child", p.wait(30))
 p = subprocess.Popen(["sleep", "60"], process_group=0)
 os.killpg(p.pid, signal.SIGKILL)
 print("group", p.wait(30))
+p = subprocess.Popen(["sleep", "60"])
+signal.pidfd_send_signal(os.pidfd_open(p.pid), signal.SIGTERM)
+print("pidfd", p.wait(30))
 got = []
 signal.signal(signal.SIGUSR1, lambda *a: got.append(threading.get_native_id()))
 ev = threading.Event()
@@ -337,7 +340,7 @@ print("own", len(got))
 "#;
     let (o, err) = supervised_python(code);
     assert_eq!(o.code, Some(0), "{o:?} {err}");
-    assert_eq!(o.stdout, "child -15\ngroup -9\nown 2\n");
+    assert_eq!(o.stdout, "child -15\ngroup -9\npidfd -15\nown 2\n");
 }
 
 #[test]
@@ -369,4 +372,36 @@ print(stat.S_ISFIFO(os.stat("{1}").st_mode))
         assert!(!dev.exists(), "a device node was created");
         std::fs::remove_file(&fifo).unwrap();
     }
+}
+
+#[test]
+fn abstract_sockets_outside_the_proc_are_unreachable() {
+    // A listener outside the proc on an abstract name (what host services use): without a
+    // jail the target may connect only to abstract names its own processes bound.
+    let name = format!("sigma-test-outside-{}", std::process::id());
+    let addr =
+        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+            name.as_bytes(),
+        )
+        .unwrap();
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let code = format!(
+        r#"
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect(b"\0{name}")
+    print("connected")
+except ConnectionRefusedError:
+    print("refused")
+"#
+    );
+    let (o, err) = supervised_python(&code);
+    assert_eq!(o.stdout, "refused\n", "{err}");
+    // Nobody knocked.
+    assert_eq!(
+        listener.accept().map(|_| ()).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
 }

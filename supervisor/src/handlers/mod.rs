@@ -11,6 +11,7 @@ pub mod mkdir;
 pub mod open;
 pub mod readlink;
 pub mod signal;
+pub mod socket;
 pub mod stat;
 
 use crate::policy::Decide;
