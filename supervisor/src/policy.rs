@@ -231,3 +231,76 @@ impl Policy {
         Ok((table, warnings))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::Action;
+
+    /// The unconditional action of `name` in `spec` (its rule, else the default).
+    fn action(spec: &notify::FilterSpec, name: &str) -> Action {
+        let rules: Vec<_> = spec.rules.iter().filter(|r| r.name == name).collect();
+        match rules.as_slice() {
+            [] => spec.default,
+            [r] if r.when.is_empty() => r.action,
+            other => panic!("{name}: conditional rules {other:?}"),
+        }
+    }
+
+    #[test]
+    fn signals_are_the_kernels_in_a_jail_and_notified_without_one() {
+        for elide in [false, true] {
+            let mut p = Policy::load("sigmaos", &[], false).unwrap();
+            let spec = p.filter_spec(elide);
+            for name in ["kill", "tgkill", "tkill", "pidfd_send_signal"] {
+                assert_eq!(action(&spec, name), Action::Allow, "{name} jailed");
+            }
+            p.set_jailed(false);
+            let spec = p.filter_spec(elide);
+            for name in ["kill", "tgkill", "tkill", "pidfd_send_signal"] {
+                assert_eq!(action(&spec, name), Action::Notify, "{name} without a jail");
+            }
+            let (kinds, warnings) = p.kinds(stats_max()).unwrap();
+            assert!(warnings.is_empty(), "{warnings:?}");
+            let nr = |n: &str| i32::from(libseccomp::ScmpSyscall::from_name(n).unwrap()) as usize;
+            assert!(matches!(kinds[nr("kill")], Some(Kind::Signal(_))));
+            assert!(matches!(kinds[nr("connect")], Some(Kind::Socket(_))));
+            assert!(matches!(kinds[nr("openat")], Some(Kind::Path(_))));
+            // Elided path calls run in the kernel, but not mknod (its argument check) nor,
+            // without a jail, bind/connect (abstract names).
+            if elide {
+                assert_eq!(action(&spec, "openat"), Action::Allow);
+                for name in ["mknodat", "bind", "connect"] {
+                    assert_eq!(action(&spec, name), Action::Notify, "{name}");
+                }
+            }
+        }
+        // A profile that refuses kill keeps refusing it without a jail.
+        let mut strict = Policy::load("sigmaos-strict", &[], false).unwrap();
+        strict.set_jailed(false);
+        let spec = strict.filter_spec(false);
+        assert_eq!(action(&spec, "kill"), Action::Errno(libc::EPERM));
+        assert_eq!(
+            action(&spec, "tgkill"),
+            Action::Notify,
+            "Table 3.1's tgkill"
+        );
+    }
+
+    #[test]
+    fn audit_notifies_refusals() {
+        let quiet = Policy::load("sigmaos", &[], false).unwrap();
+        assert_eq!(quiet.filter_spec(false).default, Action::Errno(libc::EPERM));
+        let (kinds, _) = quiet.kinds(stats_max()).unwrap();
+        let ptrace = i32::from(libseccomp::ScmpSyscall::from_name("ptrace").unwrap()) as usize;
+        assert!(kinds[ptrace].is_none(), "never notified");
+        let audit = Policy::load("sigmaos", &[], true).unwrap();
+        assert_eq!(audit.filter_spec(false).default, Action::Notify);
+        let (kinds, _) = audit.kinds(stats_max()).unwrap();
+        assert!(matches!(kinds[ptrace], Some(Kind::Refused(libc::EPERM))));
+    }
+
+    fn stats_max() -> usize {
+        crate::stats::MAX_SYSCALL
+    }
+}
