@@ -258,13 +258,20 @@ pub fn handle(tree: &Tree, n: &Notification, call: SignalCall) -> Result<Reply, 
     }
 }
 
-/// The pid a pidfd of ours refers to (`Pid:` in its fdinfo; -1 once it exited), `None` if the
-/// fd is not a pidfd.
+/// The pid a pidfd of ours refers to (`Pid:` in its fdinfo; -1 once it exited), or the pid of
+/// a `/proc/<pid>` directory fd (which pidfd_send_signal also accepts); `None` for other fds.
 fn pidfd_pid(fd: &OwnedFd) -> Option<i32> {
     let s = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
-    s.lines()
+    if let Some(pid) = s
+        .lines()
         .find_map(|l| l.strip_prefix("Pid:"))
         .and_then(|v| v.trim().parse().ok())
+    {
+        return Some(pid);
+    }
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let rest = link.to_str()?.strip_prefix("/proc/")?;
+    rest.parse().ok()
 }
 
 /// The orphan rule: signal every process left in the tree. Returns how many were signalled.
