@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """CPython's own regression tests, bare and under sigma-supervise, side by side.
 
-    scripts/regrtest-compare.py [--supervisor PATH] [--python PY] [--timeout S] [-- SUP-ARGS...] MODULE...
+    scripts/regrtest-compare.py [--supervisor PATH] [--python PY] [--timeout S]
+        [--ignore PATTERN]... [-- SUP-ARGS...] MODULE...
 
 Each module runs twice with the same interpreter and flags (`PY -m test --junit-xml F
 --timeout S MODULE`): bare, then as `sigma-supervise [SUP-ARGS] PY -m test ...` (the default
 profile unless SUP-ARGS say otherwise). Per-test results come from the JUnit XML; the table
 lists tests run, failures, errors and skips of both runs, the wall time, and the tests whose
 outcome differs. A run that exceeds the timeout is a hang (regrtest's faulthandler dumps and
-exits). Results go to stdout as a Markdown table (for TRANSPARENCY.md).
+exits). `--ignore PATTERN` is passed to both runs (regrtest's `-i`), for a test that cannot
+end once a deliberate refusal broke it. Results go to stdout as a Markdown table (for TRANSPARENCY.md).
 """
 import argparse
 import os
@@ -62,6 +64,8 @@ def main():
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--timeout", type=int, default=900,
                     help="per-module regrtest timeout in seconds (a hang past it fails)")
+    ap.add_argument("--ignore", action="append", default=[],
+                    help="regrtest -i PATTERN for both runs (repeatable)")
     ap.add_argument("modules", nargs="+")
     args, sup_args = ap.parse_known_args()
     sup_args = [a for a in sup_args if a != "--"]
@@ -75,8 +79,9 @@ def main():
             rows = []
             for label, prefix in (("bare", []), ("sup", [sup, *sup_args])):
                 xml = os.path.join(work, f"{label}.xml")
+                ignores = [a for pat in args.ignore for a in ("-i", pat)]
                 cmd = [*prefix, args.python, "-m", "test", "--junit-xml", xml,
-                       "--timeout", str(args.timeout), mod]
+                       "--timeout", str(args.timeout), *ignores, mod]
                 code, secs, tail = run(cmd, args.timeout + 120)
                 rows.append((code, secs, outcomes(xml), tail))
             (bc, bs, br, btail), (sc, ss, sr, stail) = rows
