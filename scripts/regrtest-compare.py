@@ -2,7 +2,7 @@
 """CPython's own regression tests, bare and under sigma-supervise, side by side.
 
     scripts/regrtest-compare.py [--supervisor PATH] [--python PY] [--timeout S]
-        [--ignore PATTERN]... [-- SUP-ARGS...] MODULE...
+        [--ignore PATTERN]... [--with-network] [-- SUP-ARGS...] MODULE...
 
 Each module runs twice with the same interpreter and flags (`PY -m test --junit-xml F
 --timeout S MODULE`): bare, then as `sigma-supervise [SUP-ARGS] PY -m test ...` (the default
@@ -10,7 +10,10 @@ profile unless SUP-ARGS say otherwise). Per-test results come from the JUnit XML
 lists tests run, failures, errors and skips of both runs, the wall time, and the tests whose
 outcome differs. A run that exceeds the timeout is a hang (regrtest's faulthandler dumps and
 exits). `--ignore PATTERN` is passed to both runs (regrtest's `-i`), for a test that cannot
-end once a deliberate refusal broke it. Results go to stdout as a Markdown table (for TRANSPARENCY.md).
+end once a deliberate refusal broke it. `--with-network` runs the supervised side under a
+profile derived from `sigmaos` for the measurement only (written to a temporary file): every
+socket family allowed and bind/connect left to the kernel. What differs under `sigmaos` but not
+there is the deliberate refusal of the network. Results go to stdout as a Markdown table (for TRANSPARENCY.md).
 """
 import argparse
 import os
@@ -57,6 +60,31 @@ def counts(res):
     return c
 
 
+def network_profile():
+    """sigmaos with sockets of every family: the socket entries become one unconditional allow,
+    bind/connect are allowed instead of notified."""
+    import re
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = open(os.path.join(here, "..", "policies", "profiles", "sigmaos.toml")).read()
+    blocks = re.split(r"\n(?=\[\[syscall\]\])", src)
+    out = []
+    for b in blocks:
+        m = re.search(r'^name = "([a-z0-9_]+)"', b, re.M)
+        name = m.group(1) if m and b.startswith("[[syscall]]") else None
+        if name == "socket":
+            continue
+        if name in ("bind", "connect"):
+            b = b.replace('action = "notify"', 'action = "allow"')
+        out.append(b)
+    text = "\n".join(out).replace('name = "sigmaos"', 'name = "sigmaos-with-network"', 1)
+    text += ('\n[[syscall]]\nname = "socket"\naction = "allow"\norigin = "addition"\n'
+             'reason = "measurement only: sockets of every family"\n')
+    fd, path = tempfile.mkstemp(suffix=".toml", prefix="sigmaos-with-network-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--supervisor", default=os.path.join(
@@ -66,10 +94,14 @@ def main():
                     help="per-module regrtest timeout in seconds (a hang past it fails)")
     ap.add_argument("--ignore", action="append", default=[],
                     help="regrtest -i PATTERN for both runs (repeatable)")
+    ap.add_argument("--with-network", action="store_true",
+                    help="supervise under sigmaos with sockets of every family allowed")
     ap.add_argument("modules", nargs="+")
     args, sup_args = ap.parse_known_args()
     sup_args = [a for a in sup_args if a != "--"]
     sup = os.path.abspath(args.supervisor)
+    if args.with_network:
+        sup_args = ["--profile", network_profile(), *sup_args]
     print(f"| module | bare run/fail/err/skip | supervised run/fail/err/skip | bare s | supervised s | differing tests |")
     print("|---|---|---|---|---|---|")
     total_diff = 0
