@@ -82,6 +82,8 @@ def network_profile():
     fd, path = tempfile.mkstemp(suffix=".toml", prefix="sigmaos-with-network-")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    import atexit
+    atexit.register(os.unlink, path)
     return path
 
 
