@@ -13,7 +13,10 @@ exits). `--ignore PATTERN` is passed to both runs (regrtest's `-i`), for a test 
 end once a deliberate refusal broke it. `--with-network` runs the supervised side under a
 profile derived from `sigmaos` for the measurement only (written to a temporary file): every
 socket family allowed and bind/connect left to the kernel. What differs under `sigmaos` but not
-there is the deliberate refusal of the network. Results go to stdout as a Markdown table (for TRANSPARENCY.md).
+there is the deliberate refusal of the network. A MODULE `mp:fork`, `mp:spawn` or
+`mp:forkserver` runs CPython's multiprocessing suite (`test._test_multiprocessing`) for that
+start method directly with unittest, for installs that lack the `test_multiprocessing_*`
+wrappers. Results go to stdout as a Markdown table (for TRANSPARENCY.md).
 """
 import argparse
 import os
@@ -25,11 +28,43 @@ import time
 import xml.etree.ElementTree as ET
 
 
+# The multiprocessing suite for one start method, as test_multiprocessing_<method> runs it.
+MP_RUNNER = r"""
+import json, sys, unittest
+import test._test_multiprocessing as mp_tests
+method, out = sys.argv[1], sys.argv[2]
+ns = {"__name__": "test_multiprocessing_" + method}
+mp_tests.install_tests_in_module_dict(ns, method)
+suite = unittest.TestSuite()
+loader = unittest.TestLoader()
+for obj in list(ns.values()):
+    if isinstance(obj, type) and issubclass(obj, unittest.TestCase):
+        suite.addTests(loader.loadTestsFromTestCase(obj))
+res = {}
+class Result(unittest.TextTestResult):
+    def addSuccess(self, t): super().addSuccess(t); res[t.id()] = "ok"
+    def addFailure(self, t, e): super().addFailure(t, e); res[t.id()] = "failure"
+    def addError(self, t, e): super().addError(t, e); res[t.id()] = "error"
+    def addSkip(self, t, r): super().addSkip(t, r); res[t.id()] = "skipped"
+    def addExpectedFailure(self, t, e): super().addExpectedFailure(t, e); res[t.id()] = "ok"
+    def addUnexpectedSuccess(self, t): super().addUnexpectedSuccess(t); res[t.id()] = "failure"
+ns["setUpModule"]()
+try:
+    unittest.TextTestRunner(resultclass=Result, verbosity=0).run(suite)
+finally:
+    ns["tearDownModule"]()
+    json.dump(res, open(out, "w"))
+"""
+
+
 def outcomes(xml_path):
     """{test id: 'ok' | 'failure' | 'error' | 'skipped'} from regrtest's JUnit XML."""
     res = {}
     if not os.path.exists(xml_path):
         return res
+    if xml_path.endswith(".json"):
+        import json
+        return json.load(open(xml_path))
     for case in ET.parse(xml_path).getroot().iter("testcase"):
         tid = f"{case.get('classname')}.{case.get('name')}"
         kind = "ok"
@@ -112,10 +147,14 @@ def main():
         try:
             rows = []
             for label, prefix in (("bare", []), ("sup", [sup, *sup_args])):
-                xml = os.path.join(work, f"{label}.xml")
                 ignores = [a for pat in args.ignore for a in ("-i", pat)]
-                cmd = [*prefix, args.python, "-m", "test", "--junit-xml", xml,
-                       "--timeout", str(args.timeout), *ignores, mod]
+                if mod.startswith("mp:"):
+                    xml = os.path.join(work, f"{label}.json")
+                    cmd = [*prefix, args.python, "-c", MP_RUNNER, mod[3:], xml]
+                else:
+                    xml = os.path.join(work, f"{label}.xml")
+                    cmd = [*prefix, args.python, "-m", "test", "--junit-xml", xml,
+                           "--timeout", str(args.timeout), *ignores, mod]
                 code, secs, tail = run(cmd, args.timeout + 120)
                 rows.append((code, secs, outcomes(xml), tail))
             (bc, bs, br, btail), (sc, ss, sr, stail) = rows
