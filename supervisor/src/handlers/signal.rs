@@ -48,6 +48,28 @@ pub struct Tree {
     pub supervisor: i32,
 }
 
+/// The supervisor's own helper processes (a realm's background byte-compile): not the proc's,
+/// though they are children of the supervisor like re-parented orphans.
+static HELPERS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// Mark `pid`, a process the supervisor started for itself, and its descendants as outside
+/// the proc's tree (no signal from the proc, no orphan-rule SIGTERM).
+pub fn register_helper(pid: i32) {
+    let mut h = HELPERS.lock().unwrap_or_else(|e| e.into_inner());
+    // Dead helpers' pids are dropped as the list grows; a few are ever alive at once.
+    if h.len() >= 64 {
+        h.retain(|&p| stat_of(p).is_some());
+    }
+    h.push(pid);
+}
+
+fn is_helper(pid: i32) -> bool {
+    HELPERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&pid)
+}
+
 /// Longest ancestry walked before giving up (a process tree deeper than this is refused).
 const MAX_DEPTH: usize = 4096;
 /// Highest signal number (SIGRTMAX on Linux).
@@ -84,6 +106,9 @@ impl Tree {
         for _ in 0..MAX_DEPTH {
             if cur == self.root {
                 return true;
+            }
+            if is_helper(cur) {
+                return false;
             }
             let Some((_, ppid, _)) = stat_of(cur) else {
                 return false;
@@ -321,6 +346,15 @@ mod tests {
         assert!(tree.contains(pid));
         assert!(!tree.contains(me));
         assert!(tree.members().contains(&pid));
+        // A helper of the supervisor is not the proc's, though it is the supervisor's child.
+        let mut helper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        register_helper(helper.id() as i32);
+        assert!(!tree.contains(helper.id() as i32));
+        helper.kill().unwrap();
+        helper.wait().unwrap();
         // Outside the tree: refused, nothing sent.
         let other = Tree {
             root: i32::MAX,
