@@ -15,8 +15,8 @@ profile derived from `sigmaos` for the measurement only (written to a temporary 
 socket family allowed and bind/connect left to the kernel. What differs under `sigmaos` but not
 there is the deliberate refusal of the network. A MODULE `mp:fork`, `mp:spawn` or
 `mp:forkserver` runs CPython's multiprocessing suite (`test._test_multiprocessing`) for that
-start method directly with unittest, for installs that lack the `test_multiprocessing_*`
-wrappers. Results go to stdout as a Markdown table (for TRANSPARENCY.md).
+start method through regrtest's `--testdir`, for installs that lack the
+`test_multiprocessing_*` wrappers. Results go to stdout as a Markdown table (for TRANSPARENCY.md).
 """
 import argparse
 import os
@@ -28,33 +28,18 @@ import time
 import xml.etree.ElementTree as ET
 
 
-# The multiprocessing suite for one start method, as test_multiprocessing_<method> runs it.
-MP_RUNNER = r"""
-import json, sys, unittest
-import test._test_multiprocessing as mp_tests
-method, out = sys.argv[1], sys.argv[2]
-ns = {"__name__": "test_multiprocessing_" + method}
-mp_tests.install_tests_in_module_dict(ns, method)
-suite = unittest.TestSuite()
-loader = unittest.TestLoader()
-for obj in list(ns.values()):
-    if isinstance(obj, type) and issubclass(obj, unittest.TestCase):
-        suite.addTests(loader.loadTestsFromTestCase(obj))
-res = {}
-class Result(unittest.TextTestResult):
-    def addSuccess(self, t): super().addSuccess(t); res[t.id()] = "ok"
-    def addFailure(self, t, e): super().addFailure(t, e); res[t.id()] = "failure"
-    def addError(self, t, e): super().addError(t, e); res[t.id()] = "error"
-    def addSkip(self, t, r): super().addSkip(t, r); res[t.id()] = "skipped"
-    def addExpectedFailure(self, t, e): super().addExpectedFailure(t, e); res[t.id()] = "ok"
-    def addUnexpectedSuccess(self, t): super().addUnexpectedSuccess(t); res[t.id()] = "failure"
-ns["setUpModule"]()
-try:
-    unittest.TextTestRunner(resultclass=Result, verbosity=0).run(suite)
-finally:
-    ns["tearDownModule"]()
-    json.dump(res, open(out, "w"))
-"""
+def mp_testdir(work):
+    """A directory of regrtest modules (`test_mp_METHOD`: regrtest reserves the names it splits
+    into packages) running CPython's multiprocessing suite
+    (`test._test_multiprocessing`) for one start method each, for installs that lack the
+    `test_multiprocessing_{fork,forkserver,spawn}` wrappers; importable by spawned children."""
+    d = os.path.join(work, "mp-tests")
+    os.makedirs(d, exist_ok=True)
+    for method in ("fork", "forkserver", "spawn"):
+        with open(os.path.join(d, f"test_mp_{method}.py"), "w") as f:
+            f.write("import test._test_multiprocessing as suite\n"
+                    f"suite.install_tests_in_module_dict(globals(), {method!r})\n")
+    return d
 
 
 def outcomes(xml_path):
@@ -62,9 +47,6 @@ def outcomes(xml_path):
     res = {}
     if not os.path.exists(xml_path):
         return res
-    if xml_path.endswith(".json"):
-        import json
-        return json.load(open(xml_path))
     for case in ET.parse(xml_path).getroot().iter("testcase"):
         tid = f"{case.get('classname')}.{case.get('name')}"
         kind = "ok"
@@ -148,13 +130,13 @@ def main():
             rows = []
             for label, prefix in (("bare", []), ("sup", [sup, *sup_args])):
                 ignores = [a for pat in args.ignore for a in ("-i", pat)]
+                xml = os.path.join(work, f"{label}.xml")
+                testdir, name = [], mod
                 if mod.startswith("mp:"):
-                    xml = os.path.join(work, f"{label}.json")
-                    cmd = [*prefix, args.python, "-c", MP_RUNNER, mod[3:], xml]
-                else:
-                    xml = os.path.join(work, f"{label}.xml")
-                    cmd = [*prefix, args.python, "-m", "test", "--junit-xml", xml,
-                           "--timeout", str(args.timeout), *ignores, mod]
+                    testdir = ["--testdir", mp_testdir(work)]
+                    name = f"test_mp_{mod[3:]}"
+                cmd = [*prefix, args.python, "-m", "test", "--junit-xml", xml,
+                       "--timeout", str(args.timeout), *testdir, *ignores, name]
                 code, secs, tail = run(cmd, args.timeout + 120)
                 rows.append((code, secs, outcomes(xml), tail))
             (bc, bs, br, btail), (sc, ss, sr, stail) = rows
