@@ -618,3 +618,48 @@ fn cloud_credentials_do_not_reach_the_target() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o), "[] kept\n");
 }
+
+#[test]
+fn local_sockets_follow_the_path_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let denied = dir.path().join("private");
+    std::fs::create_dir(&denied).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(denied.join("outside.sock")).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let profile = deny_profile(dir.path(), &denied);
+    let code = format!(
+        r#"
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect("{0}/outside.sock")
+    print("connected")
+except PermissionError:
+    print("connect EACCES")
+t = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    t.bind("{0}/new.sock")
+    print("bound")
+except PermissionError:
+    print("bind EACCES")
+u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+u.bind("{1}/ok.sock")
+print("bind ok")
+"#,
+        denied.display(),
+        dir.path().display()
+    );
+    let o = run(sup()
+        .arg("--profile")
+        .arg(&profile)
+        .args(["python3", "-c", &code]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "connect EACCES\nbind EACCES\nbind ok\n");
+    // The attempts had no effect: nobody knocked, nothing was created in the denied directory.
+    assert_eq!(
+        listener.accept().map(|_| ()).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
+    assert!(!denied.join("new.sock").exists());
+    assert!(dir.path().join("ok.sock").exists());
+}
