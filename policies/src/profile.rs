@@ -482,12 +482,68 @@ pub(crate) fn complement(c: &ArgCmp) -> Option<ArgCmp> {
     })
 }
 
+/// The complement of a set of conditions on one argument (the argument matches none of them),
+/// as a union of single comparisons; `None` when it cannot be written that way.
+///
+/// - one condition with an exact complement ([`complement`]): that one comparison;
+/// - `masked_eq` conditions on the same argument with the same mask of at most 32 bits (e.g.
+///   ioctl requests, compared on their low 32 bits as the kernel reads them): the values that
+///   differ from every excluded one, as `masked_eq` patterns on a prefix of the mask's bits
+///   (one pattern per bit where a path to an excluded value branches off: at most
+///   32 × the number of excluded values).
+pub(crate) fn complement_all(conds: &[ArgCmp]) -> Option<Vec<ArgCmp>> {
+    if let [c] = conds {
+        if let Some(c) = complement(c) {
+            return Some(vec![c]);
+        }
+    }
+    let first = conds.first()?;
+    let CmpOp::MaskedEq(mask) = first.op else {
+        return None;
+    };
+    if mask == 0
+        || mask.count_ones() > 32
+        || conds
+            .iter()
+            .any(|c| c.arg != first.arg || c.op != first.op || c.value & !mask != 0)
+    {
+        return None;
+    }
+    let bits: Vec<u64> = (0..64)
+        .rev()
+        .map(|b| 1u64 << b)
+        .filter(|b| mask & b != 0)
+        .collect();
+    let excluded: Vec<u64> = conds.iter().map(|c| c.value).collect();
+    let mut out = Vec::new();
+    fn walk(bits: &[u64], pmask: u64, pval: u64, excl: &[u64], arg: u32, out: &mut Vec<ArgCmp>) {
+        if excl.is_empty() {
+            out.push(ArgCmp {
+                arg,
+                op: CmpOp::MaskedEq(pmask),
+                value: pval,
+            });
+            return;
+        }
+        let Some((&b, rest)) = bits.split_first() else {
+            return; // exactly an excluded value
+        };
+        for v in [0, b] {
+            let sub: Vec<u64> = excl.iter().copied().filter(|x| x & b == v).collect();
+            walk(rest, pmask | b, pval | v, &sub, arg, out);
+        }
+    }
+    walk(&bits, 0, 0, &excluded, first.arg, &mut out);
+    Some(out)
+}
+
 /// A syscall may have several entries: at most one unconditional (checked with the duplicates)
 /// and conditional ones (never `notify`, refused in [`Ctx::syscall`]). Next to an unconditional
-/// entry there may be only one conditional entry, with one condition that has an exact
-/// complement: libseccomp lets an unconditional rule swallow every conditional rule for the
-/// same syscall, so [`Profile::filter_spec`] emits the unconditional entry under the complement
-/// of the condition instead, whatever the kernel default is.
+/// entry, the conditional entries must share one action (not the unconditional one) and have
+/// one condition each whose set has a complement [`complement_all`] can write: libseccomp lets
+/// an unconditional rule swallow every conditional rule for the same syscall, so
+/// [`Profile::filter_spec`] emits the unconditional entry under that complement instead,
+/// whatever the kernel default is.
 fn check_mixed(
     cx: &Ctx<'_>,
     raw: &[Spanned<RawSyscall>],
@@ -505,36 +561,46 @@ fn check_mixed(
         };
         let what = format!("syscall `{}`", e.name);
         let span = raw[i].get_ref().name.span();
-        if let Some(first) = entries[..i]
-            .iter()
-            .find(|c| c.name == e.name && !c.when.is_empty())
-        {
-            return Err(cx.err(
-                span,
-                format!(
-                    "{what}: next to the unconditional entry at line {} only one conditional \
-                     entry is possible (first at line {})",
-                    u.line, first.line
-                ),
-            ));
-        }
-        if e.when.len() != 1 || complement(&e.when[0]).is_none() {
-            return Err(cx.err(
-                raw[i].get_ref().when[0].span(),
-                format!(
-                    "{what}: next to the unconditional entry at line {} a conditional entry \
-                     needs exactly one condition with an exact complement (eq, ne, or \
-                     masked_eq on a single bit with value 0 or that bit)",
-                    u.line
-                ),
-            ));
-        }
         if e.action == u.action {
             return Err(cx.err(
                 span,
                 format!(
                     "{what}: the conditional entry has the same action as the unconditional \
                      entry at line {} (redundant)",
+                    u.line
+                ),
+            ));
+        }
+        if let Some(first) = entries[..i]
+            .iter()
+            .find(|c| c.name == e.name && !c.when.is_empty() && c.action != e.action)
+        {
+            return Err(cx.err(
+                span,
+                format!(
+                    "{what}: next to the unconditional entry at line {} the conditional \
+                     entries must share one action (first at line {})",
+                    u.line, first.line
+                ),
+            ));
+        }
+        let conds: Vec<ArgCmp> = entries[..=i]
+            .iter()
+            .filter(|c| c.name == e.name && !c.when.is_empty())
+            .flat_map(|c| c.when.iter().copied())
+            .collect();
+        let singles = entries[..=i]
+            .iter()
+            .all(|c| c.name != e.name || c.when.len() <= 1);
+        if !singles || complement_all(&conds).is_none() {
+            return Err(cx.err(
+                raw[i].get_ref().when[0].span(),
+                format!(
+                    "{what}: next to the unconditional entry at line {} a conditional entry \
+                     needs exactly one condition with an exact complement (eq, ne, \
+                     masked_eq on a single bit with value 0 or that bit, or masked_eq on the \
+                     same argument with the same mask of at most 32 bits as the other \
+                     conditional entries)",
                     u.line
                 ),
             ));
@@ -735,22 +801,30 @@ impl Profile {
             // An unconditional entry next to a conditional one (validated: a single condition
             // with an exact complement) applies where the condition fails. Written as is,
             // libseccomp would let it swallow the conditional rule.
-            let when = match (
-                e.when.is_empty(),
-                self.syscalls
-                    .iter()
-                    .find(|c| c.name == e.name && !c.when.is_empty()),
-            ) {
-                (true, Some(c)) => c.when.iter().filter_map(complement).collect(),
-                _ => e.when.clone(),
-            };
-            let rule = SyscallRule {
-                name: e.name.clone(),
-                action: action(e.action),
-                when,
-            };
-            if rule.action != default {
-                rules.push(rule);
+            if action(e.action) == default {
+                continue;
+            }
+            let conds: Vec<ArgCmp> = self
+                .syscalls
+                .iter()
+                .filter(|c| c.name == e.name && !c.when.is_empty())
+                .flat_map(|c| c.when.iter().copied())
+                .collect();
+            if !e.when.is_empty() || conds.is_empty() {
+                rules.push(SyscallRule {
+                    name: e.name.clone(),
+                    action: action(e.action),
+                    when: e.when.clone(),
+                });
+                continue;
+            }
+            // Validated in check_mixed: the complement exists.
+            for c in complement_all(&conds).unwrap_or_default() {
+                rules.push(SyscallRule {
+                    name: e.name.clone(),
+                    action: action(e.action),
+                    when: vec![c],
+                });
             }
         }
         FilterSpec { default, rules }

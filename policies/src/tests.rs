@@ -80,7 +80,7 @@ const TABLE_3_1: [&str; 73] = [
     "clock_gettime", //
 ];
 
-const PATH_CALLS: [&str; 23] = [
+const PATH_CALLS: [&str; 37] = [
     "open",
     "openat",
     "stat",
@@ -104,11 +104,107 @@ const PATH_CALLS: [&str; 23] = [
     "renameat2",
     "chmod",
     "chdir",
+    "link",
+    "linkat",
+    "symlink",
+    "symlinkat",
+    "utimensat",
+    "truncate",
+    "statfs",
+    "mknodat",
+    "mknod",
+    "fchmodat",
+    "chown",
+    "lchown",
+    "fchownat",
+    "creat",
 ];
+
+/// Local socket calls `sigmaos` decides by the socket's path (not notified under permissive,
+/// which lets every socket through).
+const SOCKET_PATH_CALLS: [&str; 2] = ["bind", "connect"];
 
 /// Path calls that also have a conditional allow for AT_EMPTY_PATH (fstat of a held fd), with the
 /// index of their flags argument.
 const EMPTY_PATH_ALLOWED: [(&str, u32); 2] = [("newfstatat", 3), ("statx", 2)];
+
+/// Calls glibc (and CPython on top of it) treats as infallible, or whose refusal reads as a
+/// value rather than an error: no profile may refuse them.
+const INFALLIBLE: &[&str] = &[
+    "getpid",
+    "getppid",
+    "gettid",
+    "getuid",
+    "geteuid",
+    "getgid",
+    "getegid",
+    "getresuid",
+    "getresgid",
+    "getpgrp",
+    "getpgid",
+    "getsid",
+    "getgroups",
+    "getrusage",
+    "getitimer",
+    "getpriority",
+    "getrlimit",
+    "getcwd",
+    "umask",
+    "times",
+    "alarm",
+    "pause",
+    "sysinfo",
+    "sched_yield",
+    "uname",
+];
+
+/// Additions of `sigmaos` beyond Table 3.1 for everyday programs, allowed unconditionally.
+const EVERYDAY_ALLOWED: &[&str] = &[
+    "pwrite64",
+    "pwritev",
+    "preadv",
+    "pwritev2",
+    "preadv2",
+    "splice",
+    "pidfd_open",
+    "fchmod",
+    "fchown",
+    "fdatasync",
+    "msync",
+    "flock",
+    "fallocate",
+    "copy_file_range",
+    "fstatfs",
+    "fchdir",
+    "eventfd2",
+    "memfd_create",
+    "pselect6",
+    "select",
+    "ppoll",
+    "alarm",
+    "getitimer",
+    "rt_sigpending",
+    "rt_sigtimedwait",
+    "rt_sigsuspend",
+    "pause",
+    "kill",
+    "tkill",
+    "pidfd_send_signal",
+    "setsid",
+    "setpgid",
+    "umask",
+    "times",
+    "getrusage",
+    "getpgid",
+    "getsid",
+    "getgroups",
+    "getresuid",
+    "getresgid",
+    "getpriority",
+];
+
+const TIOCSTI: u64 = 0x5412;
+const TIOCLINUX: u64 = 0x541C;
 
 fn at_empty_path(arg: u32, set: bool) -> notify::ArgCmp {
     let bit = libc::AT_EMPTY_PATH as u64;
@@ -130,102 +226,288 @@ fn entry<'a>(p: &'a Profile, name: &str) -> &'a SyscallEntry {
         .unwrap_or_else(|| panic!("no entry for {name}"))
 }
 
+fn holds(c: &notify::ArgCmp, args: &[u64; 6]) -> bool {
+    let a = args[c.arg as usize];
+    match c.op {
+        CmpOp::Eq => a == c.value,
+        CmpOp::Ne => a != c.value,
+        CmpOp::MaskedEq(m) => a & m == c.value,
+    }
+}
+
+/// What a compiled spec does with one call, evaluated the way the kernel filter does: the
+/// matching rule's action (rules for one syscall are disjoint or the same action), else the
+/// default. Panics if two matching rules disagree.
+fn kernel_action(spec: &notify::FilterSpec, name: &str, args: [u64; 6]) -> Action {
+    let mut hit: Option<Action> = None;
+    for r in spec.rules.iter().filter(|r| r.name == name) {
+        if r.when.iter().all(|c| holds(c, &args)) {
+            if let Some(h) = hit {
+                assert_eq!(h, r.action, "{name} {args:?}: overlapping rules disagree");
+            }
+            hit = Some(r.action);
+        }
+    }
+    hit.unwrap_or(spec.default)
+}
+
+fn builtins() -> Vec<Profile> {
+    builtin_names()
+        .map(|n| load(n).unwrap_or_else(|e| panic!("{e}")))
+        .collect()
+}
+
 #[test]
 fn builtins_load_and_compile() {
     let names: Vec<_> = builtin_names().collect();
-    assert_eq!(names, ["sigmaos", "permissive"]);
-    for name in names {
-        let p = load(name).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(p.name(), name);
-        let spec = p.filter_spec();
-        let compiled = spec
-            .compile()
-            .unwrap_or_else(|e| panic!("{name} does not compile: {e}"));
-        assert!(!compiled.instructions().is_empty());
+    assert_eq!(names, ["sigmaos", "sigmaos-strict", "permissive"]);
+    for mut p in builtins() {
+        for audit in [false, true] {
+            p.set_logs_denied(audit);
+            let spec = p.filter_spec();
+            let compiled = spec
+                .compile()
+                .unwrap_or_else(|e| panic!("{} does not compile: {e}", p.name()));
+            assert!(!compiled.instructions().is_empty());
+        }
     }
     assert_eq!(DEFAULT_PROFILE, "sigmaos");
 }
 
 #[test]
-fn sigmaos_contains_all_of_table_3_1_and_nothing_else_claims_it() {
+fn table_3_1_profiles_contain_all_of_it_and_nothing_else_claims_it() {
     let mut unique = TABLE_3_1.to_vec();
     unique.sort_unstable();
     unique.dedup();
     assert_eq!(unique.len(), 73, "the paper's table has 73 distinct names");
 
-    let p = sigmaos();
-    for name in TABLE_3_1 {
-        let e = entry(&p, name);
-        assert_eq!(e.origin, Some(Origin::Table31), "{name}");
-        assert!(
-            matches!(e.action, SyscallAction::Allow | SyscallAction::Notify),
-            "{name} from Table 3.1 is {:?}",
-            e.action
+    for p in [sigmaos(), load("sigmaos-strict").unwrap()] {
+        for name in TABLE_3_1 {
+            let e = entry(&p, name);
+            assert_eq!(e.origin, Some(Origin::Table31), "{name}");
+            assert!(
+                matches!(e.action, SyscallAction::Allow | SyscallAction::Notify),
+                "{name} from Table 3.1 is {:?}",
+                e.action
+            );
+            assert!(e.when.is_empty(), "{name} is conditional");
+        }
+        let marked: Vec<_> = p
+            .syscalls()
+            .iter()
+            .filter(|e| e.origin == Some(Origin::Table31))
+            .map(|e| e.name.as_str())
+            .collect();
+        assert_eq!(marked.len(), 73);
+        for name in marked {
+            assert!(TABLE_3_1.contains(&name), "{name} marked table-3.1");
+        }
+        // Every entry says where it comes from.
+        assert!(p.syscalls().iter().all(|e| e.origin.is_some()));
+    }
+}
+
+#[test]
+fn strict_is_table_3_1_plus_cpython_start_and_infallible_calls() {
+    let strict = load("sigmaos-strict").unwrap();
+    let start = [
+        "clone",
+        "clone3",
+        "vfork",
+        "wait4",
+        "rseq",
+        "getuid",
+        "geteuid",
+        "getgid",
+        "getegid",
+        "sysinfo",
+        "close_range",
+    ];
+    for e in strict.syscalls() {
+        let n = e.name.as_str();
+        let ok = TABLE_3_1.contains(&n)
+            || start.contains(&n)
+            || INFALLIBLE.contains(&n)
+            // ioctl's TIOCSTI/TIOCLINUX refusals and fstat(fd) decided in the kernel.
+            || (n == "ioctl" && e.action == SyscallAction::Errno(libc::EPERM))
+            || (n == "newfstatat" && e.when == [at_empty_path(3, true)]);
+        assert!(ok, "sigmaos-strict has {n} ({:?})", e.action);
+    }
+    // What sigmaos adds for everyday programs is refused here, in the kernel.
+    let spec = strict.filter_spec();
+    assert_eq!(spec.default, Action::Errno(libc::EPERM));
+    for name in ["pwrite64", "flock", "kill", "link", "utimensat", "socket"] {
+        assert_eq!(
+            kernel_action(&spec, name, [0; 6]),
+            Action::Errno(libc::EPERM),
+            "{name}"
         );
-        assert!(e.when.is_empty(), "{name} is conditional");
     }
-    let marked: Vec<_> = p
-        .syscalls()
-        .iter()
-        .filter(|e| e.origin == Some(Origin::Table31))
-        .map(|e| e.name.as_str())
-        .collect();
-    assert_eq!(marked.len(), 73);
-    for name in marked {
-        assert!(TABLE_3_1.contains(&name), "{name} marked table-3.1");
+}
+
+#[test]
+fn infallible_glibc_calls_are_never_refused() {
+    for mut p in builtins() {
+        for audit in [false, true] {
+            p.set_logs_denied(audit);
+            let spec = p.filter_spec();
+            for name in INFALLIBLE {
+                // Whatever the arguments (these take none that matter to a filter).
+                for args in [[0; 6], [u64::MAX; 6], [1, 2, 3, 4, 5, 6]] {
+                    assert_eq!(
+                        kernel_action(&spec, name, args),
+                        Action::Allow,
+                        "{} (audit {audit}) refuses or notifies {name}",
+                        p.name()
+                    );
+                }
+            }
+        }
     }
-    // Every entry says where it comes from.
-    assert!(p.syscalls().iter().all(|e| e.origin.is_some()));
+}
+
+#[test]
+fn every_profile_refuses_tiocsti_and_tioclinux_by_argument() {
+    for mut p in builtins() {
+        for audit in [false, true] {
+            p.set_logs_denied(audit);
+            let spec = p.filter_spec();
+            let ioctl = |req: u64| kernel_action(&spec, "ioctl", [0, req, 0, 0, 0, 0]);
+            let name = p.name().to_owned();
+            for req in [TIOCSTI, TIOCLINUX] {
+                assert_eq!(ioctl(req), Action::Errno(libc::EPERM), "{name} {req:#x}");
+                // The kernel reads the request as 32 bits: garbage above does not help.
+                assert_eq!(
+                    ioctl(req | 0xdead_0000_0000_0000),
+                    Action::Errno(libc::EPERM),
+                    "{name} {req:#x} with upper bits"
+                );
+            }
+            // Everything else is allowed: terminal queries, FIONREAD, a sign-extended request,
+            // neighbours of the refused values.
+            for req in [
+                libc::TCGETS,
+                libc::TIOCGWINSZ,
+                libc::FIONREAD,
+                libc::FIOCLEX,
+                0xffff_ffff_802c_542a,
+                TIOCSTI - 1,
+                TIOCSTI + 1,
+                TIOCLINUX ^ 0x8000_0000,
+                0,
+            ] {
+                assert_eq!(ioctl(req), Action::Allow, "{name} {req:#x}");
+            }
+        }
+    }
+}
+
+#[test]
+fn complement_of_a_value_set_matches_exactly_the_other_values() {
+    use crate::profile::complement_all;
+    let c = |value| notify::ArgCmp {
+        arg: 1,
+        op: CmpOp::MaskedEq(0xFFFF_FFFF),
+        value,
+    };
+    let pats = complement_all(&[c(TIOCSTI), c(TIOCLINUX)]).unwrap();
+    assert!(pats.len() <= 64, "{}", pats.len());
+    let matches = |x: u64| {
+        pats.iter()
+            .filter(|p| holds(p, &[0, x, 0, 0, 0, 0]))
+            .count()
+    };
+    for x in (0..0x1_0000u64).chain([0xffff_ffff, 0x1_0000_5412, 0x8000_5412, u64::MAX]) {
+        let excluded = [TIOCSTI, TIOCLINUX].contains(&(x & 0xFFFF_FFFF));
+        assert_eq!(matches(x), usize::from(!excluded), "{x:#x}");
+    }
+    // A single-bit mask keeps its one-comparison complement.
+    let bit = at_empty_path(3, true);
+    assert_eq!(complement_all(&[bit]).unwrap(), [at_empty_path(3, false)]);
+    // Different masks or ops: no complement.
+    let other = notify::ArgCmp {
+        arg: 1,
+        op: CmpOp::MaskedEq(0xFF),
+        value: 1,
+    };
+    assert_eq!(complement_all(&[c(TIOCSTI), other]), None);
+    let eq = notify::ArgCmp {
+        arg: 1,
+        op: CmpOp::Eq,
+        value: 1,
+    };
+    assert_eq!(complement_all(&[eq, eq]), None);
+}
+
+#[test]
+fn sigmaos_refuses_in_the_kernel_and_audit_brings_the_log_back() {
+    let mut p = sigmaos();
+    assert_eq!(p.denied_errno(), Some(libc::EPERM));
+    assert!(!p.logs_denied(), "refusals cost nothing by default");
+    let spec = p.filter_spec();
+    assert_eq!(spec.default, Action::Errno(libc::EPERM));
+    assert_eq!(
+        kernel_action(&spec, "socket", [2, 1, 0, 0, 0, 0]),
+        Action::Errno(libc::EPERM)
+    );
+    p.set_logs_denied(true);
+    assert!(p.logs_denied());
+    assert_eq!(p.filter_spec().default, Action::Notify);
 }
 
 #[test]
 fn sigmaos_filter_spec_allows_or_notifies_table_3_1() {
-    let p = sigmaos();
-    let spec = p.filter_spec();
-    assert_eq!(
-        spec.default,
-        Action::Notify,
-        "log = true: denied calls go to the supervisor"
-    );
-    assert_eq!(p.denied_errno(), Some(libc::EPERM));
-    assert!(p.logs_denied());
-    let notified = p.notified_syscalls();
-    for name in TABLE_3_1 {
-        let rule = spec
-            .rules
-            .iter()
-            .find(|r| r.name == name && r.when.is_empty());
-        match rule {
-            Some(r) => assert_eq!(r.action, Action::Allow, "{name}"),
-            // Notify equals the kernel default, so the rule is left out; the profile still
-            // classifies it as a path call.
-            None => assert!(notified.contains(&name.to_string()), "{name} missing"),
-        }
-    }
-    let mut n = notified.clone();
-    n.sort();
-    let mut want: Vec<String> = PATH_CALLS.iter().map(|s| s.to_string()).collect();
+    let mut p = sigmaos();
+    let mut want: Vec<String> = PATH_CALLS
+        .iter()
+        .chain(&SOCKET_PATH_CALLS)
+        .map(|s| s.to_string())
+        .collect();
     want.sort();
+    let mut n = p.notified_syscalls();
+    n.sort();
+    n.dedup();
     assert_eq!(n, want);
-    // With log off the kernel default is EPERM and the notify rules are explicit.
-    let mut quiet = p.clone();
-    quiet.set_logs_denied(false);
-    let spec = quiet.filter_spec();
-    assert_eq!(spec.default, Action::Errno(libc::EPERM));
-    for name in PATH_CALLS {
-        let r = spec
-            .rules
-            .iter()
-            .find(|r| r.name == name && r.action == Action::Notify);
-        let r = r.unwrap_or_else(|| panic!("no notify rule for {name}"));
-        match EMPTY_PATH_ALLOWED.iter().find(|(n, _)| *n == name) {
-            // Notified only where the allow's condition fails: libseccomp would let an
-            // unconditional rule swallow the conditional allow.
-            Some((_, arg)) => assert_eq!(r.when, [at_empty_path(*arg, false)], "{name}"),
-            None => assert!(r.when.is_empty(), "{name}"),
+    for audit in [false, true] {
+        p.set_logs_denied(audit);
+        let spec = p.filter_spec();
+        for name in TABLE_3_1 {
+            let want = if PATH_CALLS.contains(&name) {
+                Action::Notify
+            } else {
+                Action::Allow
+            };
+            // A path (a pointer, not the empty-path flag) and ordinary arguments.
+            assert_eq!(
+                kernel_action(&spec, name, [3, 0x7fff_0000, 0, 0, 0, 0]),
+                want,
+                "{name} (audit {audit})"
+            );
         }
+        for name in PATH_CALLS {
+            assert_eq!(
+                kernel_action(&spec, name, [3, 0x7fff_0000, 0x41, 0, 0, 0]),
+                Action::Notify,
+                "{name} (audit {audit})"
+            );
+        }
+        if !audit {
+            // Explicit notify rules, unconditional where nothing else applies to the call.
+            for name in PATH_CALLS {
+                let r = spec
+                    .rules
+                    .iter()
+                    .find(|r| r.name == name && r.action == Action::Notify)
+                    .unwrap_or_else(|| panic!("no notify rule for {name}"));
+                match EMPTY_PATH_ALLOWED.iter().find(|(n, _)| *n == name) {
+                    Some((_, arg)) => assert_eq!(r.when, [at_empty_path(*arg, false)], "{name}"),
+                    None if name == "utimensat" => assert_eq!(r.when[0].op, CmpOp::Ne),
+                    None => assert!(r.when.is_empty(), "{name}"),
+                }
+            }
+        }
+        spec.compile().unwrap();
     }
-    spec.compile().unwrap();
 }
 
 #[test]
@@ -242,14 +524,30 @@ fn sigmaos_allows_fstat_by_empty_path_in_the_kernel() {
         assert_eq!(entries[1].origin, Some(Origin::Addition), "{name}");
         // Still a path call for the supervisor when it is notified.
         assert_eq!(p.notification_kind(nr(name)), Some(NotificationKind::Path));
-        // log = true: the kernel default is Notify, so the notify entry is the default and only
+        let mut args = [3, 0x7fff_0000, 0, 0, 0, 0];
+        args[arg as usize] = libc::AT_EMPTY_PATH as u64;
+        for audit in [false, true] {
+            let mut q = p.clone();
+            q.set_logs_denied(audit);
+            let spec = q.filter_spec();
+            assert_eq!(kernel_action(&spec, name, args), Action::Allow, "{name}");
+        }
+        // Logging: the kernel default is Notify, so the notify entry is the default and only
         // the conditional allow is emitted.
-        let spec = p.filter_spec();
+        let mut q = p.clone();
+        q.set_logs_denied(true);
+        let spec = q.filter_spec();
         let rules: Vec<_> = spec.rules.iter().filter(|r| r.name == name).collect();
         assert_eq!(rules.len(), 1, "{name}: {rules:?}");
         assert_eq!(rules[0].action, Action::Allow);
         assert_eq!(rules[0].when, [at_empty_path(arg, true)]);
     }
+    // futimens(fd) is utimensat(fd, NULL, ...): allowed in the kernel.
+    let spec = p.filter_spec();
+    assert_eq!(
+        kernel_action(&spec, "utimensat", [3, 0, 0, 0, 0, 0]),
+        Action::Allow
+    );
     // notified_syscalls lists each name once.
     let n = p.notified_syscalls();
     assert_eq!(n.iter().filter(|s| *s == "newfstatat").count(), 1);
@@ -305,6 +603,7 @@ fn sigmaos_additions_for_glibc_cpython() {
 #[test]
 fn sigmaos_additions_for_ordinary_programs() {
     let p = sigmaos();
+    let spec = p.filter_spec();
     for name in [
         "ftruncate",
         "sendfile",
@@ -312,28 +611,76 @@ fn sigmaos_additions_for_ordinary_programs() {
         "epoll_wait",
         "getppid",
         "getpgrp",
-    ] {
+    ]
+    .iter()
+    .chain(EVERYDAY_ALLOWED)
+    {
         let e = entry(&p, name);
         assert_eq!(e.action, SyscallAction::Allow, "{name}");
         assert!(e.when.is_empty(), "{name}");
         assert_eq!(e.origin, Some(Origin::Addition), "{name}");
-        assert!(!TABLE_3_1.contains(&name));
+        assert!(!TABLE_3_1.contains(name));
+        assert!(e.reason.len() > 20, "{name} says why");
+        assert_eq!(kernel_action(&spec, name, [0; 6]), Action::Allow, "{name}");
     }
-    for name in [
-        "mkdir",
-        "rmdir",
-        "unlink",
-        "unlinkat",
-        "rename",
-        "renameat",
-        "renameat2",
-        "chmod",
-        "chdir",
-    ] {
+    for name in PATH_CALLS.iter().filter(|n| !TABLE_3_1.contains(n)) {
         let e = entry(&p, name);
         assert_eq!(e.action, SyscallAction::Notify, "{name}");
         assert_eq!(e.origin, Some(Origin::Addition), "{name}");
     }
+    // Extended attributes: "not supported", in the kernel (shutil tolerates it).
+    for name in [
+        "getxattr",
+        "lgetxattr",
+        "fgetxattr",
+        "listxattr",
+        "llistxattr",
+        "flistxattr",
+        "setxattr",
+        "lsetxattr",
+        "fsetxattr",
+        "removexattr",
+        "lremovexattr",
+        "fremovexattr",
+    ] {
+        assert_eq!(
+            kernel_action(&spec, name, [0; 6]),
+            Action::Errno(libc::ENOTSUP),
+            "{name}"
+        );
+    }
+    // setreuid/setregid: only the no-op (-1, -1), as 32-bit ids.
+    for name in ["setreuid", "setregid"] {
+        let m1 = 0xFFFF_FFFF;
+        assert_eq!(
+            kernel_action(&spec, name, [m1, m1, 0, 0, 0, 0]),
+            Action::Allow
+        );
+        assert_eq!(
+            kernel_action(&spec, name, [u64::MAX, u64::MAX, 0, 0, 0, 0]),
+            Action::Allow
+        );
+        for args in [
+            [0, m1, 0, 0, 0, 0],
+            [m1, 0, 0, 0, 0, 0],
+            [1000, 1000, 0, 0, 0, 0],
+        ] {
+            assert_eq!(
+                kernel_action(&spec, name, args),
+                Action::Errno(libc::EPERM),
+                "{name} {args:?}"
+            );
+        }
+    }
+    // setpriority: the caller itself, nicer only.
+    let prio = |which: u64, who: u64, nice: i64| {
+        kernel_action(&spec, "setpriority", [which, who, nice as u64, 0, 0, 0])
+    };
+    assert_eq!(prio(0, 0, 10), Action::Allow);
+    assert_eq!(prio(0, 0, 0), Action::Allow);
+    assert_eq!(prio(0, 0, -5), Action::Errno(libc::EPERM));
+    assert_eq!(prio(0, 1234, 10), Action::Errno(libc::EPERM));
+    assert_eq!(prio(1, 0, 10), Action::Errno(libc::EPERM));
     // socketpair only for AF_UNIX; any other family reaches the default.
     let sp = entry(&p, "socketpair");
     assert_eq!(sp.action, SyscallAction::Allow);
@@ -345,16 +692,44 @@ fn sigmaos_additions_for_ordinary_programs() {
             value: libc::AF_UNIX as u64
         }]
     );
-    let nr = |n: &str| i32::from(libseccomp::ScmpSyscall::from_name(n).unwrap());
-    // Deliberately left to the default: kill (no PID namespace yet), fchmod/fchown (would reach
-    // served host files through injected fds).
-    for name in ["kill", "fchmod", "fchown"] {
+    // Deliberately left to the default: tracing, mounts, identity changes.
+    for name in ["ptrace", "mount", "setuid", "chroot"] {
         assert!(p.syscalls().iter().all(|e| e.name != name), "{name}");
         assert_eq!(
-            p.notification_kind(nr(name)),
-            Some(NotificationKind::Denied { errno: libc::EPERM }),
+            kernel_action(&spec, name, [1, 1, 0, 0, 0, 0]),
+            Action::Errno(libc::EPERM),
             "{name}"
         );
+    }
+    // Sockets: local stream/seqpacket only (with SOCK_CLOEXEC/NONBLOCK), bind/connect decided.
+    let sock = |family: i32, ty: i32| {
+        kernel_action(&spec, "socket", [family as u64, ty as u64, 0, 0, 0, 0])
+    };
+    let (cloexec, nonblock) = (libc::SOCK_CLOEXEC, libc::SOCK_NONBLOCK);
+    assert_eq!(sock(libc::AF_UNIX, libc::SOCK_STREAM), Action::Allow);
+    assert_eq!(
+        sock(libc::AF_UNIX, libc::SOCK_STREAM | cloexec),
+        Action::Allow
+    );
+    assert_eq!(
+        sock(libc::AF_UNIX, libc::SOCK_SEQPACKET | nonblock),
+        Action::Allow
+    );
+    for (family, ty) in [
+        (libc::AF_UNIX, libc::SOCK_DGRAM),
+        (libc::AF_INET, libc::SOCK_STREAM),
+        (libc::AF_INET6, libc::SOCK_STREAM),
+        (libc::AF_NETLINK, libc::SOCK_RAW),
+        (libc::AF_PACKET, libc::SOCK_RAW),
+    ] {
+        assert_eq!(
+            sock(family, ty),
+            Action::Errno(libc::EPERM),
+            "{family} {ty}"
+        );
+    }
+    for name in SOCKET_PATH_CALLS {
+        assert_eq!(entry(&p, name).action, SyscallAction::Notify, "{name}");
     }
 }
 
@@ -365,12 +740,21 @@ fn permissive_allows_by_default_and_notifies_path_calls() {
     assert_eq!(spec.default, Action::Allow);
     assert_eq!(p.denied_errno(), None);
     assert!(!p.logs_denied());
-    let mut n: Vec<_> = spec.rules.iter().map(|r| r.name.as_str()).collect();
+    let mut n: Vec<_> = spec
+        .rules
+        .iter()
+        .filter(|r| r.action == Action::Notify)
+        .map(|r| r.name.as_str())
+        .collect();
     n.sort_unstable();
     let mut want = PATH_CALLS.to_vec();
     want.sort_unstable();
     assert_eq!(n, want);
-    assert!(spec.rules.iter().all(|r| r.action == Action::Notify));
+    // Besides the notify rules only the TIOCSTI/TIOCLINUX refusals.
+    for r in spec.rules.iter().filter(|r| r.action != Action::Notify) {
+        assert_eq!(r.name, "ioctl");
+        assert_eq!(r.action, Action::Errno(libc::EPERM));
+    }
     // The AT_EMPTY_PATH allow equals the default: what remains is a notify rule where the flag
     // is clear.
     for (name, arg) in EMPTY_PATH_ALLOWED {
@@ -379,12 +763,13 @@ fn permissive_allows_by_default_and_notifies_path_calls() {
     }
     let mut notified = p.notified_syscalls();
     notified.sort();
+    notified.dedup();
     assert_eq!(notified, want);
 }
 
 #[test]
 fn notification_kind_separates_path_calls_from_denied() {
-    let p = sigmaos();
+    let mut p = sigmaos();
     let nr = |n: &str| i32::from(libseccomp::ScmpSyscall::from_name(n).unwrap());
     assert_eq!(
         p.notification_kind(nr("openat")),
@@ -394,6 +779,9 @@ fn notification_kind_separates_path_calls_from_denied() {
         p.notification_kind(nr("execveat")),
         Some(NotificationKind::Path)
     );
+    // Refused in the kernel: never notified.
+    assert_eq!(p.notification_kind(nr("socket")), None);
+    p.set_logs_denied(true);
     assert_eq!(
         p.notification_kind(nr("socket")),
         Some(NotificationKind::Denied { errno: libc::EPERM })
@@ -573,28 +961,36 @@ fn rejects_bad_mixed_entries() {
         "# again",
         "duplicate entry for syscall `newfstatat` with the same `when` (first at line 19)",
     );
-    // Two conditional entries next to an unconditional one.
+    // Two conditional entries next to an unconditional one whose set has no complement.
     let other = "{ arg = 0, op = \"eq\", value = 3 }";
     let s = format!(
         "{base}{}{}",
         cond("allow", bit, ""),
         cond("allow", other, "# second")
     );
-    rejects(
-        &s,
-        "# second",
-        "only one conditional entry is possible (first at line 19)",
-    );
-    // A condition without an exact complement, or two conditions.
+    rejects(&s, "value = 3", "exact complement");
+    // Conditional entries with different actions next to an unconditional one.
     let s = format!(
-        "{base}{}",
+        "{base}{}{}",
+        cond("allow", bit, ""),
+        cond("errno\"\nerrno = \"EACCES", other, "# second")
+    );
+    rejects(&s, "# second", "must share one action (first at line 19)");
+    // A condition without a complement one comparison set can write: two masks.
+    let s = format!(
+        "{base}{}{}",
         cond(
             "allow",
             "{ arg = 3, op = \"masked_eq\", mask = 0x1100, value = 0x1000 }",
             ""
+        ),
+        cond(
+            "allow",
+            "{ arg = 3, op = \"masked_eq\", mask = 0x1, value = 0x1 }",
+            ""
         )
     );
-    rejects(&s, "mask = 0x1100", "exact complement");
+    rejects(&s, "mask = 0x1,", "exact complement");
     let s = format!("{base}{}", cond("allow", &format!("{bit}, {other}"), ""));
     rejects(&s, "mask = 0x1000", "exactly one condition");
     // Same action as the unconditional entry: redundant (and a conditional notify is refused).
@@ -851,7 +1247,7 @@ fn load_reads_files_and_names_them_in_errors() {
     let e = load("no-such-profile").unwrap_err().to_string();
     assert_eq!(
         e,
-        "profile `no-such-profile` is neither a builtin (sigmaos, permissive) nor an existing file"
+        "profile `no-such-profile` is neither a builtin (sigmaos, sigmaos-strict, permissive) nor an existing file"
     );
     let e = Profile::from_file(&dir.path().join("missing.toml")).unwrap_err();
     assert!(matches!(e, PolicyError::Read { .. }));

@@ -74,11 +74,6 @@ pub struct JailOpts {
     #[arg(long, value_name = "CPUS")]
     pub cpus: Option<f64>,
 
-    /// When the program exits, what it left running gets SIGTERM, then SIGKILL after this many
-    /// seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
-    pub grace: f64,
-
     /// Do not add Landlock as a second layer.
     #[arg(long, hide = true)]
     pub no_landlock: bool,
@@ -131,6 +126,7 @@ impl JailOpts {
         program: &Path,
         command: &[OsString],
         hidden: &[PathBuf],
+        grace: Duration,
     ) -> anyhow::Result<Option<jail::JailSpec>> {
         if self.no_jail {
             eprintln!(
@@ -138,9 +134,6 @@ impl JailOpts {
                  processes and network, confined by the seccomp list alone"
             );
             return Ok(None);
-        }
-        if !(self.grace >= 0.0 && self.grace < 3600.0) {
-            return Err(anyhow!("--grace must be between 0 and 3600 seconds"));
         }
         let cwd = std::env::current_dir().context("current dir")?;
         let view = jail::ViewOptions {
@@ -190,7 +183,7 @@ impl JailOpts {
                 _ => {}
             }
         }
-        spec.grace = Duration::from_secs_f64(self.grace);
+        spec.grace = grace;
         Ok(Some(spec))
     }
 }

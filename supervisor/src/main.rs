@@ -86,6 +86,16 @@ pub struct Cli {
     #[arg(long)]
     pub always_notify: bool,
 
+    /// Notify refused calls so each refused syscall name is logged once (by default the kernel
+    /// refuses them itself, at no cost).
+    #[arg(long)]
+    pub audit: bool,
+
+    /// When the program exits, the processes it left behind get SIGTERM, then SIGKILL after
+    /// this many seconds (decimals allowed).
+    #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = parse_grace)]
+    pub grace: std::time::Duration,
+
     /// Do not set SYNC_WAKE_UP on the listener (measurement only).
     #[arg(long, hide = true)]
     pub no_sync_wakeup: bool,
@@ -125,6 +135,16 @@ fn parse_serve(s: &str) -> Result<String, String> {
     policies::parse_serve_arg(s)
         .map(|_| s.to_owned())
         .map_err(|e| e.to_string())
+}
+
+fn parse_grace(s: &str) -> Result<std::time::Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    std::time::Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| *d <= std::time::Duration::from_secs(3600))
+        .ok_or_else(|| format!("`{s}`: give 0 to 3600 seconds"))
 }
 
 fn init_logging(verbose: u8) {
@@ -198,7 +218,10 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             r.pythonpath(std::env::var_os("PYTHONPATH").as_deref()),
         );
     }
-    let policy = policy::Policy::load(&cli.profile, &serves)?;
+    let mut policy = policy::Policy::load(&cli.profile, &serves, cli.audit)?;
+    // In the σcontainer's PID namespace signals reach only the proc's own tree (the kernel's
+    // job); without it the supervisor confines them.
+    policy.set_jailed(!cli.jail.no_jail);
     let trace = stats::TraceSink::open(cli.trace.as_deref())?;
     // One CPU for both the target and the notification thread (chosen once).
     let pin_cpu = match cli.pin {
@@ -225,7 +248,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         s3_dir.as_deref(),
         cli.sigma.scratch_dir.as_deref(),
     );
-    let jail = cli.jail.spec(&program, &cli.command, &hidden)?;
+    let jail = cli.jail.spec(&program, &cli.command, &hidden, cli.grace)?;
     let mut prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu, elide, jail)?;
     if let Some((fd, number)) = api.take_target_end() {
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
@@ -263,6 +286,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         pin_cpu,
         !cli.no_sync_wakeup,
         resolver,
+        cli.grace,
     )?;
     api.finish(status, cli.stats, cli.sigma.require_started)
 }
@@ -286,6 +310,22 @@ mod tests {
         assert_eq!(cli.command, ["python3", "-c", "print(1)", "--stats"]);
         assert_eq!(cli.profile, "sigmaos");
         assert_eq!(cli.trace, None);
+        assert!(!cli.audit);
+        assert_eq!(cli.grace, std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn grace_takes_decimal_seconds_and_refuses_nonsense() {
+        let cli =
+            Cli::try_parse_from(["sigma-supervise", "--grace", "0.5", "--audit", "p"]).unwrap();
+        assert_eq!(cli.grace, std::time::Duration::from_millis(500));
+        assert!(cli.audit);
+        for bad in ["-1", "x", "1e9", "NaN"] {
+            assert!(
+                Cli::try_parse_from(["sigma-supervise", "--grace", bad, "p"]).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

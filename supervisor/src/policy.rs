@@ -12,6 +12,10 @@ pub struct Policy {
     profile: Profile,
     served: Vec<Served>,
     denied: Vec<PathBuf>,
+    /// Whether the target runs in the σcontainer (its own PID namespace). Without one, the
+    /// signalling calls the profile lets through are notified and confined to the proc's tree
+    /// ([`crate::handlers::signal`]).
+    jailed: bool,
 }
 
 /// A decision for one resolved path.
@@ -29,13 +33,23 @@ pub enum Decide {
 #[derive(Clone, Copy)]
 pub enum Kind {
     Path(&'static crate::handlers::Spec),
+    /// A signal without a PID namespace: delivered only within the proc's tree.
+    Signal(crate::handlers::signal::SignalCall),
+    /// bind/connect of a local socket, decided by its path.
+    Socket(crate::handlers::socket::SocketCall),
     /// Outside the allow-list: the profile's errno, logged once per name.
     Refused(i32),
 }
 
 impl Policy {
-    pub fn load(name: &str, serves: &[String]) -> anyhow::Result<Policy> {
+    /// Load profile `name` (builtin or file) with `--serve` rules. `audit` notifies refusals so
+    /// each refused name is logged (otherwise the kernel refuses them without a notification).
+    /// The result assumes a jail ([`Policy::set_jailed`] says otherwise).
+    pub fn load(name: &str, serves: &[String], audit: bool) -> anyhow::Result<Policy> {
         let mut profile = policies::load(name)?;
+        if audit {
+            profile.set_logs_denied(true);
+        }
         for s in serves {
             profile.add_serve(s)?;
         }
@@ -62,7 +76,37 @@ impl Policy {
             profile,
             served,
             denied,
+            jailed: true,
         })
+    }
+
+    /// Whether the target gets its own PID namespace (the σcontainer). Default: true.
+    pub fn set_jailed(&mut self, jailed: bool) {
+        self.jailed = jailed;
+    }
+
+    pub fn jailed(&self) -> bool {
+        self.jailed
+    }
+
+    /// The signalling calls the supervisor decides: without a jail, those the profile lets
+    /// the kernel run unconditionally (a refused one stays refused).
+    fn signal_calls(&self) -> Vec<(&'static str, crate::handlers::signal::SignalCall)> {
+        if self.jailed {
+            return Vec::new();
+        }
+        let spec = self.profile.filter_spec();
+        crate::handlers::signal::SignalCall::ALL
+            .into_iter()
+            .filter(|(name, _)| {
+                let rules: Vec<_> = spec.rules.iter().filter(|r| r.name == *name).collect();
+                match rules.as_slice() {
+                    [] => spec.default == notify::Action::Allow,
+                    [r] => r.when.is_empty() && r.action == notify::Action::Allow,
+                    _ => false,
+                }
+            })
+            .collect()
     }
 
     /// Whether any path rule (deny, serve, continue) exists. Without one every path decision
@@ -78,7 +122,20 @@ impl Policy {
     pub fn filter_spec(&self, elide_paths: bool) -> notify::FilterSpec {
         let mut spec = self.profile.filter_spec();
         if elide_paths {
-            let notified = self.profile.notified_syscalls();
+            // A call whose handler checks its arguments (mknod: FIFOs and files only) stays
+            // notified: the check is not a path decision.
+            let notified: Vec<String> = self
+                .profile
+                .notified_syscalls()
+                .into_iter()
+                .filter(|n| {
+                    !crate::handlers::SPECS
+                        .iter()
+                        .any(|s| s.name == n && s.check.is_some())
+                })
+                // Without a jail, abstract socket names need their decision (see socket.rs).
+                .filter(|n| self.jailed || !matches!(n.as_str(), "bind" | "connect"))
+                .collect();
             spec.rules.retain(|r| !notified.contains(&r.name));
             spec.rules
                 .extend(notified.into_iter().map(|name| notify::SyscallRule {
@@ -88,6 +145,16 @@ impl Policy {
                 }));
             if spec.default == notify::Action::Allow {
                 spec.rules.retain(|r| r.action != notify::Action::Allow);
+            }
+        }
+        for (name, _) in self.signal_calls() {
+            spec.rules.retain(|r| r.name != name);
+            if spec.default != notify::Action::Notify {
+                spec.rules.push(notify::SyscallRule {
+                    name: name.to_owned(),
+                    action: notify::Action::Notify,
+                    when: Vec::new(),
+                });
             }
         }
         spec
@@ -141,8 +208,14 @@ impl Policy {
                 .ok()
                 .filter(|n| *n < max)
                 .ok_or_else(|| anyhow!("syscall `{name}` has no native number"))?;
+            let socket = crate::handlers::socket::SocketCall::ALL
+                .into_iter()
+                .find(|(n, _)| *n == name);
             match crate::handlers::SPECS.iter().find(|s| s.name == name) {
                 Some(spec) => table[nr] = Some(Kind::Path(spec)),
+                None if socket.is_some() => {
+                    table[nr] = socket.map(|(_, call)| Kind::Socket(call));
+                }
                 None => {
                     warnings.push(format!(
                         "profile notifies `{name}` but the supervisor has no handler for it: \
@@ -152,6 +225,89 @@ impl Policy {
                 }
             }
         }
+        for (name, call) in self.signal_calls() {
+            let nr = libseccomp::ScmpSyscall::from_name(name)
+                .with_context(|| format!("syscall `{name}`"))?;
+            if let Some(k) = usize::try_from(i32::from(nr))
+                .ok()
+                .and_then(|n| table.get_mut(n))
+            {
+                *k = Some(Kind::Signal(call));
+            }
+        }
         Ok((table, warnings))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::Action;
+
+    /// The unconditional action of `name` in `spec` (its rule, else the default).
+    fn action(spec: &notify::FilterSpec, name: &str) -> Action {
+        let rules: Vec<_> = spec.rules.iter().filter(|r| r.name == name).collect();
+        match rules.as_slice() {
+            [] => spec.default,
+            [r] if r.when.is_empty() => r.action,
+            other => panic!("{name}: conditional rules {other:?}"),
+        }
+    }
+
+    #[test]
+    fn signals_are_the_kernels_in_a_jail_and_notified_without_one() {
+        for elide in [false, true] {
+            let mut p = Policy::load("sigmaos", &[], false).unwrap();
+            let spec = p.filter_spec(elide);
+            for name in ["kill", "tgkill", "tkill", "pidfd_send_signal"] {
+                assert_eq!(action(&spec, name), Action::Allow, "{name} jailed");
+            }
+            p.set_jailed(false);
+            let spec = p.filter_spec(elide);
+            for name in ["kill", "tgkill", "tkill", "pidfd_send_signal"] {
+                assert_eq!(action(&spec, name), Action::Notify, "{name} without a jail");
+            }
+            let (kinds, warnings) = p.kinds(stats_max()).unwrap();
+            assert!(warnings.is_empty(), "{warnings:?}");
+            let nr = |n: &str| i32::from(libseccomp::ScmpSyscall::from_name(n).unwrap()) as usize;
+            assert!(matches!(kinds[nr("kill")], Some(Kind::Signal(_))));
+            assert!(matches!(kinds[nr("connect")], Some(Kind::Socket(_))));
+            assert!(matches!(kinds[nr("openat")], Some(Kind::Path(_))));
+            // Elided path calls run in the kernel, but not mknod (its argument check) nor,
+            // without a jail, bind/connect (abstract names).
+            if elide {
+                assert_eq!(action(&spec, "openat"), Action::Allow);
+                for name in ["mknodat", "bind", "connect"] {
+                    assert_eq!(action(&spec, name), Action::Notify, "{name}");
+                }
+            }
+        }
+        // A profile that refuses kill keeps refusing it without a jail.
+        let mut strict = Policy::load("sigmaos-strict", &[], false).unwrap();
+        strict.set_jailed(false);
+        let spec = strict.filter_spec(false);
+        assert_eq!(action(&spec, "kill"), Action::Errno(libc::EPERM));
+        assert_eq!(
+            action(&spec, "tgkill"),
+            Action::Notify,
+            "Table 3.1's tgkill"
+        );
+    }
+
+    #[test]
+    fn audit_notifies_refusals() {
+        let quiet = Policy::load("sigmaos", &[], false).unwrap();
+        assert_eq!(quiet.filter_spec(false).default, Action::Errno(libc::EPERM));
+        let (kinds, _) = quiet.kinds(stats_max()).unwrap();
+        let ptrace = i32::from(libseccomp::ScmpSyscall::from_name("ptrace").unwrap()) as usize;
+        assert!(kinds[ptrace].is_none(), "never notified");
+        let audit = Policy::load("sigmaos", &[], true).unwrap();
+        assert_eq!(audit.filter_spec(false).default, Action::Notify);
+        let (kinds, _) = audit.kinds(stats_max()).unwrap();
+        assert!(matches!(kinds[ptrace], Some(Kind::Refused(libc::EPERM))));
+    }
+
+    fn stats_max() -> usize {
+        crate::stats::MAX_SYSCALL
     }
 }

@@ -592,6 +592,8 @@ impl RealmResolver {
                     .spawn();
                 // The supervisor's reaper may collect it first (ECHILD here): nothing to do.
                 if let Ok(mut c) = r {
+                    // Ours, not the proc's: the orphan rule leaves it to finish.
+                    crate::handlers::signal::register_helper(c.id() as i32);
                     let _ = c.wait();
                 }
             });

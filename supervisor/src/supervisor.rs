@@ -3,8 +3,12 @@
 //! is handed to [`crate::serve::Deferred`] workers. The main thread reaps children (we are a
 //! subreaper, so orphans come back to us), forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to the child,
 //! and ends once every process using the filter is gone (no children left, listener POLLHUP).
+//!
+//! A proc ends when its program ends: once the main child has exited, the processes it left
+//! behind get SIGTERM, and SIGKILL after the grace period, so no orphan holds the proc open.
 #![forbid(unsafe_code)]
 
+use crate::handlers::signal::{self, Tree};
 use crate::handlers::{self, CallInfo, Reply};
 use crate::policy::{Kind, Policy};
 use crate::serve::{Deferred, Resolver};
@@ -16,7 +20,7 @@ use nix::errno::Errno;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use notify::{Listener, Notification, Response};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// State shared by the receive thread and serve workers.
 impl Shared {
@@ -42,6 +46,37 @@ pub struct Shared {
     pub timing: bool,
     /// Whether path calls need their paths read (some path rule exists, or --trace).
     pub read_paths: bool,
+    /// The proc's process tree (signals without a jail are confined to it).
+    tree: Tree,
+    /// Abstract socket names the proc bound (without a jail, the only ones it may connect to).
+    abstract_names: std::sync::Mutex<std::collections::HashSet<Vec<u8>>>,
+}
+
+/// Most abstract names remembered; past it, new binds still work but are not connectable.
+const MAX_ABSTRACT_NAMES: usize = 4096;
+
+impl Shared {
+    pub fn jailed(&self) -> bool {
+        self.policy.jailed()
+    }
+
+    pub fn bound_abstract(&self, name: Vec<u8>) {
+        let mut names = self
+            .abstract_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if names.len() < MAX_ABSTRACT_NAMES {
+            names.insert(name);
+        }
+    }
+
+    pub fn is_bound_abstract(&self, name: &[u8]) -> bool {
+        let names = self
+            .abstract_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        names.contains(name)
+    }
 }
 
 /// The single place an outcome becomes the kernel's answer. A target that went away meanwhile
@@ -70,6 +105,16 @@ fn handle(sh: &Arc<Shared>, st: &mut LoopState, n: &Notification) {
     let kind = nr.and_then(|i| sh.kinds[i]);
     let result = match kind {
         Some(Kind::Path(spec)) => handlers::path_call(sh, n, spec, &mut st.info),
+        Some(Kind::Socket(call)) => handlers::socket::handle(sh, n, call, &mut st.info),
+        Some(Kind::Signal(call)) => {
+            let r = signal::handle(&sh.tree, n, call);
+            st.info.decision = Some(match &r {
+                Ok(Reply::Respond(Response::Continue(_))) => Decision::Continue,
+                Ok(_) => Decision::Serve(None),
+                Err(e) => Decision::Deny(*e as i32),
+            });
+            r
+        }
         Some(Kind::Refused(errno)) => {
             if let Some(i) = nr {
                 if !st.refused_logged[i] {
@@ -143,10 +188,18 @@ fn exit_code(status: WaitStatus) -> Option<u8> {
     }
 }
 
-/// Reap until no child is left; forward terminating signals to the main child.
-fn wait_all(main_pid: i32) -> anyhow::Result<u8> {
+/// Reap until no child is left; forward terminating signals to the main child. Once the main
+/// child has exited, what it left behind gets SIGTERM, then SIGKILL after `grace`.
+fn wait_all(main_pid: i32, grace: Duration) -> anyhow::Result<u8> {
     let set = handled_signals();
+    let tree = Tree {
+        root: main_pid,
+        supervisor: std::process::id() as i32,
+    };
     let mut main_status = None;
+    // When the leftovers get SIGKILL (set once SIGTERM went out); None before, or after.
+    let mut kill_at: Option<Instant> = None;
+    let mut terminated = false;
     loop {
         loop {
             match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
@@ -165,12 +218,37 @@ fn wait_all(main_pid: i32) -> anyhow::Result<u8> {
                 Err(e) => return Err(e).context("waitpid"),
             }
         }
-        let (sig, code) = match sys::sigwaitinfo(&set) {
+        if main_status.is_some() && !terminated {
+            terminated = true;
+            let n = signal::signal_all(&tree, libc::SIGTERM);
+            tracing::debug!("the program ended: SIGTERM to {n} leftover processes");
+            kill_at = Some(Instant::now() + grace);
+        }
+        let waited = match kill_at {
+            Some(at) => {
+                let left = at.saturating_duration_since(Instant::now());
+                sys::sigtimedwait(&set, left)
+            }
+            None => sys::sigwaitinfo(&set),
+        };
+        let (sig, code) = match waited {
             Ok(v) => v,
             Err(Errno::EINTR) => continue,
+            Err(Errno::EAGAIN) => {
+                let n = signal::signal_all(&tree, libc::SIGKILL);
+                tracing::debug!("grace period over: SIGKILL to {n} leftover processes");
+                // Keep killing what the survivors may still fork, once per grace period.
+                kill_at = Some(Instant::now() + grace.max(Duration::from_millis(100)));
+                continue;
+            }
             Err(e) => return Err(e).context("sigwaitinfo"),
         };
         if sig == libc::SIGCHLD {
+            continue;
+        }
+        if main_status.is_some() {
+            // Asked to stop while leftovers are in their grace period: no more grace.
+            signal::signal_all(&tree, libc::SIGKILL);
             continue;
         }
         // The first SIGTERM evicts a proc that waits for eviction (σOS's WaitEvict): it
@@ -188,7 +266,9 @@ fn wait_all(main_pid: i32) -> anyhow::Result<u8> {
 }
 
 /// Run the loop for `child` until every supervised process is gone; returns the exit status a
-/// shell would report for the main child.
+/// shell would report for the main child. Processes left when the main child exits get
+/// SIGTERM, then SIGKILL after `grace`.
+#[allow(clippy::too_many_arguments)]
 pub fn supervise(
     mut child: Child,
     policy: Policy,
@@ -197,6 +277,7 @@ pub fn supervise(
     pin_cpu: Option<usize>,
     sync_wakeup: bool,
     resolver: Box<dyn Resolver>,
+    grace: Duration,
 ) -> Result<u8, Failure> {
     let started = Instant::now();
     let (kinds, warnings) = policy.kinds(MAX_SYSCALL)?;
@@ -225,6 +306,11 @@ pub fn supervise(
         stats: Stats::new(),
         timing: want_stats || trace.is_some(),
         trace,
+        tree: Tree {
+            root: child.pid,
+            supervisor: std::process::id() as i32,
+        },
+        abstract_names: Default::default(),
     });
     let sh2 = Arc::clone(&sh);
     std::thread::Builder::new()
@@ -235,14 +321,14 @@ pub fn supervise(
     let display = child.display.clone();
     let _cgroup = child.cgroup.take();
     if let Err(errno) = child.go() {
-        let _ = wait_all(pid);
+        let _ = wait_all(pid, grace);
         let e = Errno::from_raw(errno);
         return Err(Failure {
             error: anyhow!("cannot execute {display}: {}", e.desc()),
             code: if e == Errno::ENOENT { 127 } else { 126 },
         });
     }
-    let code = wait_all(pid)?;
+    let code = wait_all(pid, grace)?;
     // No child is left; once the last task using the filter is released the listener hangs up.
     let mut fds = [nix::poll::PollFd::new(
         sh.listener.as_fd(),

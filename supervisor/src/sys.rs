@@ -192,3 +192,50 @@ pub fn is_realtime() -> bool {
     let policy = unsafe { libc::sched_getscheduler(0) };
     policy == libc::SCHED_FIFO || policy == libc::SCHED_RR
 }
+
+/// PIDFD_THREAD (= O_EXCL): a pidfd for one thread; signals sent through it reach that thread.
+pub const PIDFD_THREAD: u32 = libc::O_EXCL as u32;
+
+/// pidfd_open(2) with flags (0 or [`PIDFD_THREAD`]).
+pub fn pidfd_open_flags(pid: i32, flags: u32) -> Result<OwnedFd, Errno> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, flags) };
+    let fd = Errno::result(fd)? as RawFd;
+    // SAFETY: on success pidfd_open returns a new fd that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// pidfd_send_signal(2) without a siginfo: the process (or thread) behind `pidfd` gets `sig`
+/// as if from kill(2); ESRCH if it has exited, whatever process now has its pid.
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: i32, flags: u32) -> Result<(), Errno> {
+    // SAFETY: the pidfd is borrowed for the call; the siginfo pointer is null.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            flags,
+        )
+    };
+    Errno::result(rc).map(drop)
+}
+
+/// sigtimedwait(2) on the blocked set: (signal number, si_code), or EAGAIN once `timeout`
+/// passes without one.
+pub fn sigtimedwait(
+    set: &nix::sys::signal::SigSet,
+    timeout: std::time::Duration,
+) -> Result<(i32, i32), Errno> {
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
+    // SAFETY: `set` is a valid sigset_t, `info` a writable siginfo_t, `ts` a live timespec.
+    let rc = unsafe { libc::sigtimedwait(set.as_ref(), info.as_mut_ptr(), &ts) };
+    let signo = Errno::result(rc)?;
+    // SAFETY: sigtimedwait succeeded, so the kernel filled `info`.
+    let info = unsafe { info.assume_init() };
+    Ok((signo, info.si_code))
+}

@@ -3,6 +3,7 @@
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 const HOSTILE: &str = env!("CARGO_BIN_EXE_sigma-hostile-probe");
 const TOCTOU: &str = env!("CARGO_BIN_EXE_sigma-toctou-probe");
@@ -135,13 +136,16 @@ fn killed_by_sigkill_reports_137() {
         "import os; os.kill(os.getpid(), 9)",
     ]));
     assert_eq!(o.status.code(), Some(137));
-    // Under sigmaos, raise(3) uses tgkill, which is allowed.
+    // Under sigmaos, raise(3) uses tgkill and os.kill kill(2): both reach the proc itself.
     let o = py("import signal; signal.raise_signal(signal.SIGKILL)");
     assert_eq!(o.status.code(), Some(137));
-    // And kill(2) itself is refused and logged.
-    let o = py("import os\ntry:\n os.kill(os.getpid(), 9)\nexcept PermissionError: print('EPERM')");
+    let o = py("import os; os.kill(os.getpid(), 9)");
+    assert_eq!(o.status.code(), Some(137));
+    // A process outside the proc's tree (the supervisor itself) is out of reach.
+    let o =
+        py("import os\ntry:\n os.kill(os.getppid(), 9)\nexcept PermissionError: print('EPERM')");
     assert_eq!(stdout(&o), "EPERM\n");
-    assert!(stderr(&o).contains("denied kill (pid "), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(0), "the supervisor survived");
 }
 
 #[test]
@@ -153,7 +157,12 @@ fn hostile_syscalls_fail_with_eperm() {
         Some(0),
         "the probe detects unconfined runs"
     );
+    // Refused in the kernel: nothing is notified, nothing logged.
     let o = run(sup().arg(HOSTILE));
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(!stderr(&o).contains("denied"), "{}", stderr(&o));
+    // --audit: the same refusals, notified and logged once per name.
+    let o = run(sup().args(["--audit", HOSTILE]));
     assert_eq!(o.status.code(), Some(0));
     let out = stdout(&o);
     for name in [
@@ -173,10 +182,14 @@ fn hostile_syscalls_fail_with_eperm() {
 
 #[test]
 fn denied_syscall_logged_once_per_name() {
-    let o =
-        py("import os\nfor _ in range(5):\n try: os.kill(os.getpid(), 0)\n except OSError: pass\nprint('ok')");
+    let o = run(sup().args([
+        "--audit",
+        "python3",
+        "-c",
+        "import socket\nfor _ in range(5):\n try: socket.socket()\n except OSError: pass\nprint('ok')",
+    ]));
     assert_eq!(stdout(&o), "ok\n");
-    assert_eq!(stderr(&o).matches("denied kill (pid ").count(), 1);
+    assert_eq!(stderr(&o).matches("denied socket (pid ").count(), 1);
 }
 
 #[test]
@@ -360,9 +373,10 @@ fn trace_lines_have_pid_syscall_path_decision_micros() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("trace.txt");
     let o = run(sup().arg(format!("--trace={}", file.display())).args([
+        "--audit",
         "python3",
         "-c",
-        "import json, os\ntry: os.kill(os.getpid(), 0)\nexcept OSError: pass",
+        "import json, socket\ntry: socket.socket()\nexcept OSError: pass",
     ]));
     assert_eq!(o.status.code(), Some(0));
     let text = std::fs::read_to_string(&file).unwrap();
@@ -377,7 +391,7 @@ fn trace_lines_have_pid_syscall_path_decision_micros() {
             assert_eq!(f[3], "continue");
             saw_json = true;
         }
-        if f[1] == "kill" {
+        if f[1] == "socket" {
             assert_eq!((f[2], f[3]), ("-", "refused(EPERM)"));
             saw_refused = true;
         }
@@ -482,6 +496,79 @@ print("program exits")
 }
 
 #[test]
+fn without_a_jail_orphans_get_sigterm_when_the_program_ends() {
+    // A grandchild orphaned while the program runs stays supervised (its path calls are still
+    // notified); once the program ends it gets SIGTERM, and its handler still runs.
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("marker");
+    let code = format!(
+        r#"
+import os, signal, sys, threading
+r, w = os.pipe()
+if os.fork() == 0:
+    if os.fork() == 0:
+        def term(*a):
+            open("{0}", "w").write("terminated")
+            os._exit(0)
+        signal.signal(signal.SIGTERM, term)
+        os.close(r)
+        import decimal  # still notified after its parent died
+        os.write(w, b"x")
+        threading.Event().wait(60)
+        os._exit(1)
+    os._exit(0)
+os.wait()
+os.close(w)
+os.read(r, 1)
+print("parent exits")
+"#,
+        marker.display()
+    );
+    let t0 = Instant::now();
+    let o = run(sup().args(["--no-jail", "--always-notify", "python3", "-c", &code]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "parent exits\n");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "terminated");
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn without_a_jail_an_orphan_ignoring_sigterm_is_killed_after_the_grace_period() {
+    // The program leaves a `sleep 3600` behind that ignores SIGTERM, in a new session and
+    // process group of its own: it still cannot hold the proc open.
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let code = format!(
+        r#"
+import os, signal, subprocess
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the child as ignored
+p = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+open("{0}", "w").write(str(p.pid))
+print("left", flush=True)
+"#,
+        pidfile.display()
+    );
+    let t0 = Instant::now();
+    let o = run(sup().args(["--no-jail", "--grace", "1", "python3", "-c", &code]));
+    let took = t0.elapsed();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "left\n");
+    // The supervisor returned, so the orphan was reaped: it is gone.
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().parse().unwrap();
+    let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None);
+    assert!(
+        gone == Err(nix::errno::Errno::ESRCH)
+            || !std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .unwrap_or_default()
+                .contains("3600"),
+        "sleep 3600 survived the proc"
+    );
+    // Grace 1 s plus start-up: far below the sleep, and the SIGKILL waited for the grace.
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
+
+#[test]
 fn script_in_a_served_dir_runs_and_imports_its_siblings() {
     let app = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -498,19 +585,23 @@ fn script_in_a_served_dir_runs_and_imports_its_siblings() {
 
 #[test]
 fn without_path_rules_path_calls_are_not_notified_but_denials_still_are() {
-    let o = run(sup().args([
-        "--stats",
-        "python3",
-        "-c",
-        "import json, os\ntry: os.kill(os.getpid(), 0)\nexcept OSError: pass",
-    ]));
+    let code = "import json, socket\ntry: socket.socket()\nexcept OSError: pass";
+    let o = run(sup().args(["--stats", "--audit", "python3", "-c", code]));
     assert_eq!(o.status.code(), Some(0));
     let err = stderr(&o);
     assert!(
         err.contains("sigma-supervise stats: 1 notifications"),
         "{err}"
     );
-    assert!(err.contains("  kill refused 1"), "{err}");
+    assert!(err.contains("  socket refused 1"), "{err}");
+    // Without --audit the kernel refuses it: no notification at all.
+    let o = run(sup().args(["--stats", "python3", "-c", code]));
+    assert_eq!(o.status.code(), Some(0));
+    let err = stderr(&o);
+    assert!(
+        err.contains("sigma-supervise stats: 0 notifications"),
+        "{err}"
+    );
     // A serve rule brings the path calls back to the supervisor.
     let dir = tempfile::tempdir().unwrap();
     let serve = format!("/sigma/x={}", dir.path().display());
@@ -563,4 +654,49 @@ fn cloud_credentials_do_not_reach_the_target() {
         ]));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o), "[] kept\n");
+}
+
+#[test]
+fn local_sockets_follow_the_path_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let denied = dir.path().join("private");
+    std::fs::create_dir(&denied).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(denied.join("outside.sock")).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let profile = deny_profile(dir.path(), &denied);
+    let code = format!(
+        r#"
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect("{0}/outside.sock")
+    print("connected")
+except PermissionError:
+    print("connect EACCES")
+t = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    t.bind("{0}/new.sock")
+    print("bound")
+except PermissionError:
+    print("bind EACCES")
+u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+u.bind("{1}/ok.sock")
+print("bind ok")
+"#,
+        denied.display(),
+        dir.path().display()
+    );
+    let o = run(sup()
+        .arg("--profile")
+        .arg(&profile)
+        .args(["python3", "-c", &code]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "connect EACCES\nbind EACCES\nbind ok\n");
+    // The attempts had no effect: nobody knocked, nothing was created in the denied directory.
+    assert_eq!(
+        listener.accept().map(|_| ()).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
+    assert!(!denied.join("new.sock").exists());
+    assert!(dir.path().join("ok.sock").exists());
 }

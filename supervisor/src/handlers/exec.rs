@@ -11,9 +11,11 @@ pub const EXECVE: Spec = Spec {
     name: "execve",
     paths: &[PathArg::cwd(0, Follow::Yes)],
     serve: refuse_unsupported,
+    check: None,
 };
 pub const EXECVEAT: Spec = Spec {
     name: "execveat",
     paths: &[PathArg::at(0, 1, Follow::UnlessAtFlag(4)).empty_ok(4)],
     serve: refuse_unsupported,
+    check: None,
 };

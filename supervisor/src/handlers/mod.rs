@@ -10,6 +10,8 @@ pub mod exec;
 pub mod mkdir;
 pub mod open;
 pub mod readlink;
+pub mod signal;
+pub mod socket;
 pub mod stat;
 
 use crate::policy::Decide;
@@ -51,6 +53,8 @@ pub struct PathArg {
     pub empty_flag: Option<usize>,
     /// The last component must already exist (false for calls that create it).
     pub must_exist: bool,
+    /// A NULL path pointer means the dirfd itself (utimensat(fd, NULL, ...) is futimens).
+    pub null_is_fd: bool,
 }
 
 impl PathArg {
@@ -61,6 +65,7 @@ impl PathArg {
             follow,
             empty_flag: None,
             must_exist: true,
+            null_is_fd: false,
         }
     }
     pub const fn at(dirfd: usize, path: usize, follow: Follow) -> Self {
@@ -70,6 +75,7 @@ impl PathArg {
             follow,
             empty_flag: None,
             must_exist: true,
+            null_is_fd: false,
         }
     }
     pub const fn empty_ok(mut self, flags_arg: usize) -> Self {
@@ -78,6 +84,10 @@ impl PathArg {
     }
     pub const fn creates(mut self) -> Self {
         self.must_exist = false;
+        self
+    }
+    pub const fn null_is_fd(mut self) -> Self {
+        self.null_is_fd = true;
         self
     }
 }
@@ -107,11 +117,36 @@ impl ServeCall<'_> {
 
 pub type ServeFn = fn(&ServeCall<'_>) -> Result<Reply, Errno>;
 
+/// A check of a call's register arguments before any path is read (registers cannot change
+/// after the notification, unlike target memory).
+pub type ArgsCheck = fn(&[u64; 6]) -> Result<(), Errno>;
+
 /// One notified syscall: its path arguments and what serving it means.
 pub struct Spec {
     pub name: &'static str,
     pub paths: &'static [PathArg],
     pub serve: ServeFn,
+    /// Refuse the call outright unless its arguments pass.
+    pub check: Option<ArgsCheck>,
+}
+
+/// mknod/mknodat create only FIFOs and regular files: a device node is refused whatever the
+/// path (EPERM, what the kernel answers a caller without CAP_MKNOD). Sockets are made by bind.
+fn mknod_fifo_or_file(a: &[u64; 6]) -> Result<(), Errno> {
+    fifo_or_file_mode(a[1])
+}
+
+fn mknodat_fifo_or_file(a: &[u64; 6]) -> Result<(), Errno> {
+    fifo_or_file_mode(a[2])
+}
+
+fn fifo_or_file_mode(mode: u64) -> Result<(), Errno> {
+    let kind = mode as u32 & libc::S_IFMT;
+    if kind == 0 || kind == libc::S_IFREG || kind == libc::S_IFIFO {
+        Ok(())
+    } else {
+        Err(Errno::EPERM)
+    }
 }
 
 /// Calls that would modify a served (read-only) tree: EROFS, or EEXIST when the call would
@@ -171,136 +206,163 @@ pub const SPECS: &[Spec] = &[
         name: "rmdir",
         paths: CWD_NOFOLLOW,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "unlink",
         paths: CWD_NOFOLLOW,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "unlinkat",
         paths: AT_NOFOLLOW,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "rename",
         paths: TWO_CWD,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "renameat",
         paths: TWO_AT,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "renameat2",
         paths: TWO_AT,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "link",
         paths: TWO_CWD,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "linkat",
         paths: TWO_AT,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "symlink",
         paths: SYMLINK,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "symlinkat",
         paths: SYMLINKAT,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "mknod",
         paths: CWD_CREATE,
         serve: refuse_write,
+        check: Some(mknod_fifo_or_file),
     },
     Spec {
         name: "mknodat",
         paths: AT_CREATE,
         serve: refuse_write,
+        check: Some(mknodat_fifo_or_file),
     },
     Spec {
         name: "chmod",
         paths: CWD_FOLLOW,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "fchmodat",
         paths: AT_FLAG3,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "chown",
         paths: CWD_FOLLOW,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "lchown",
         paths: CWD_NOFOLLOW,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "fchownat",
         paths: AT_FLAG4,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "truncate",
         paths: CWD_FOLLOW,
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "utimensat",
-        paths: &[PathArg::at(0, 1, Follow::UnlessAtFlag(3))],
+        paths: &[PathArg::at(0, 1, Follow::UnlessAtFlag(3)).null_is_fd()],
         serve: refuse_write,
+        check: None,
     },
     Spec {
         name: "chdir",
         paths: CWD_FOLLOW,
         serve: refuse_unsupported,
+        check: None,
     },
     Spec {
         name: "chroot",
         paths: CWD_FOLLOW,
         serve: refuse_unsupported,
+        check: None,
     },
     Spec {
         name: "statfs",
         paths: CWD_FOLLOW,
         serve: refuse_unsupported,
+        check: None,
     },
     Spec {
         name: "getxattr",
         paths: CWD_FOLLOW,
         serve: refuse_unsupported,
+        check: None,
     },
     Spec {
         name: "lgetxattr",
         paths: CWD_NOFOLLOW,
         serve: refuse_unsupported,
+        check: None,
     },
     Spec {
         name: "listxattr",
         paths: CWD_FOLLOW,
         serve: refuse_unsupported,
+        check: None,
     },
     Spec {
         name: "llistxattr",
         paths: CWD_NOFOLLOW,
         serve: refuse_unsupported,
+        check: None,
     },
     Spec {
         name: "inotify_add_watch",
         paths: &[PathArg::cwd(1, Follow::Yes)],
         serve: refuse_unsupported,
+        check: None,
     },
 ];
 
@@ -339,6 +401,9 @@ pub fn path_call(
     spec: &'static Spec,
     info: &mut CallInfo,
 ) -> Result<Reply, Errno> {
+    if let Some(check) = spec.check {
+        check(&n.args).inspect_err(|e| info.decision = Some(Decision::Error(*e as i32)))?;
+    }
     if !sh.read_paths {
         // No path rule exists and nobody traces: every decision would be `Continue`.
         info.decision = Some(Decision::Continue);
@@ -351,6 +416,10 @@ pub fn path_call(
     // The first serve decision (if any) with its arg; a deny anywhere wins.
     let mut serve: Option<(usize, PathBuf, &PathArg)> = None;
     for arg in spec.paths {
+        if arg.null_is_fd && n.args[arg.path] == 0 {
+            // The call is on an fd the target already holds: nothing to decide.
+            continue;
+        }
         let raw = mem.read_path(n.args[arg.path]).inspect_err(|e| {
             info.decision = Some(Decision::Error(*e as i32));
         })?;

@@ -12,21 +12,25 @@ pub const OPEN: Spec = Spec {
     name: "open",
     paths: &[PathArg::cwd(0, Follow::Yes).creates()],
     serve: serve_open,
+    check: None,
 };
 pub const OPENAT: Spec = Spec {
     name: "openat",
     paths: &[PathArg::at(0, 1, Follow::Yes).creates()],
     serve: serve_openat,
+    check: None,
 };
 pub const OPENAT2: Spec = Spec {
     name: "openat2",
     paths: &[PathArg::at(0, 1, Follow::Yes).creates()],
     serve: serve_openat2,
+    check: None,
 };
 pub const CREAT: Spec = Spec {
     name: "creat",
     paths: &[PathArg::cwd(0, Follow::Yes).creates()],
     serve: refuse_write,
+    check: None,
 };
 
 fn serve_open(call: &ServeCall<'_>) -> Result<Reply, Errno> {

@@ -13,21 +13,25 @@ pub const STAT: Spec = Spec {
     name: "stat",
     paths: &[PathArg::cwd(0, Follow::Yes)],
     serve: serve_stat,
+    check: None,
 };
 pub const LSTAT: Spec = Spec {
     name: "lstat",
     paths: &[PathArg::cwd(0, Follow::No)],
     serve: serve_stat,
+    check: None,
 };
 pub const NEWFSTATAT: Spec = Spec {
     name: "newfstatat",
     paths: &[PathArg::at(0, 1, Follow::UnlessAtFlag(3)).empty_ok(3)],
     serve: serve_newfstatat,
+    check: None,
 };
 pub const STATX: Spec = Spec {
     name: "statx",
     paths: &[PathArg::at(0, 1, Follow::UnlessAtFlag(2)).empty_ok(2)],
     serve: serve_statx,
+    check: None,
 };
 
 /// An O_PATH fd on the served file, following the last symlink or not.

@@ -1,0 +1,407 @@
+//! Everyday Python runs unchanged under the default profile: every program of the corpus
+//! (`tests/everyday/*.py`) is run bare and under `sigma-supervise`, and must print the same
+//! stdout and end with the same exit status — as root, and as an unprivileged user (as root,
+//! tarfile and sqlite call chown/fchown, which would hide refusals an ordinary user meets).
+//! Each run is bounded: a hang is a failure, never a stuck test.
+//!
+//! Also here: what the additions must not grant — signals outside the proc's tree, device nodes.
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod interp;
+
+/// Longest any corpus program may take (they take ~2.5 s at most): past it, the run hung.
+const HANG: Duration = Duration::from_secs(120);
+/// The unprivileged identity (nobody/nogroup).
+const NOBODY: &str = "65534";
+
+fn corpus() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/everyday");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "py"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 12, "the corpus is in {}", dir.display());
+    v
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Outcome {
+    stdout: String,
+    code: Option<i32>,
+}
+
+/// Run `cmd` to the end (or kill it after [`HANG`]); stderr is kept for the failure message.
+fn outcome(mut cmd: Command) -> (Outcome, String) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if start.elapsed() > HANG {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = String::from_utf8_lossy(&t_out.join().unwrap()).into_owned();
+    let stderr = String::from_utf8_lossy(&t_err.join().unwrap()).into_owned();
+    let Some(status) = status else {
+        return (
+            Outcome {
+                stdout,
+                code: Some(-1),
+            },
+            format!("HUNG (killed after {HANG:?})\n{stderr}"),
+        );
+    };
+    (
+        Outcome {
+            stdout,
+            code: status.code(),
+        },
+        stderr,
+    )
+}
+
+/// A user the corpus runs as: root with the project's interpreter, or nobody.
+struct As {
+    python: PathBuf,
+    nobody: bool,
+    /// HOME and working directory (nobody's own when unprivileged).
+    home: tempfile::TempDir,
+}
+
+impl As {
+    fn root() -> As {
+        As {
+            python: interp::python().to_owned(),
+            nobody: false,
+            home: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// nobody, with an interpreter nobody can reach (the project's pyenv interpreter may live
+    /// under root's home).
+    fn nobody() -> As {
+        let setpriv = Path::new("/usr/bin/setpriv");
+        assert!(
+            setpriv.exists(),
+            "setpriv (util-linux) is needed to run the corpus as an unprivileged user"
+        );
+        let python = [interp::python(), Path::new("/usr/bin/python3")]
+            .into_iter()
+            .find(|p| {
+                Command::new(setpriv)
+                    .args(nobody_args())
+                    .arg(p)
+                    // Its own executable and stdlib must be reachable (subprocess runs it).
+                    .args([
+                        "-c",
+                        "import os, sys, json; assert os.access(sys.executable, os.X_OK)",
+                    ])
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            })
+            .expect("no python3 that nobody (uid 65534) can run: install Debian's python3")
+            .to_owned();
+        let home = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        nix::unistd::chown(
+            home.path(),
+            Some(nix::unistd::Uid::from_raw(65534)),
+            Some(nix::unistd::Gid::from_raw(65534)),
+        )
+        .unwrap();
+        As {
+            python,
+            nobody: true,
+            home,
+        }
+    }
+
+    /// `program args...` as this user, from its home.
+    fn command(&self, program: &Path, args: &[&std::ffi::OsStr]) -> Command {
+        let mut c = if self.nobody {
+            let mut c = Command::new("/usr/bin/setpriv");
+            c.args(nobody_args()).arg(program);
+            c
+        } else {
+            Command::new(program)
+        };
+        c.args(args)
+            .current_dir(self.home.path())
+            .env("HOME", self.home.path())
+            .env_remove("RUST_LOG")
+            .env_remove("PYTHONPATH");
+        c
+    }
+}
+
+fn nobody_args() -> [String; 3] {
+    [
+        format!("--reuid={NOBODY}"),
+        format!("--regid={NOBODY}"),
+        "--clear-groups".to_owned(),
+    ]
+}
+
+/// Every corpus program bare and supervised (with `sup_args`): the differences, described.
+fn differences(user: &As, sup_args: &[&str]) -> Vec<String> {
+    let sup = PathBuf::from(env!("CARGO_BIN_EXE_sigma-supervise"));
+    let mut diffs = Vec::new();
+    for prog in corpus() {
+        let name = prog.file_name().unwrap().to_string_lossy().into_owned();
+        let py = user.python.as_os_str();
+        let (bare, bare_err) = outcome(user.command(&user.python, &[prog.as_os_str()]));
+        let mut args: Vec<&std::ffi::OsStr> = sup_args.iter().map(|a| a.as_ref()).collect();
+        args.extend([py, prog.as_os_str()]);
+        let (supervised, sup_err) = outcome(user.command(&sup, &args));
+        assert!(
+            bare.code.is_some_and(|c| c >= 0) && !bare.stdout.is_empty(),
+            "{name} does not run bare: {bare:?}\n{bare_err}"
+        );
+        if bare != supervised {
+            diffs.push(format!(
+                "{name}: bare {bare:?}\n  supervised {supervised:?}\n  stderr: {sup_err}"
+            ));
+        }
+    }
+    diffs
+}
+
+fn assert_same(user: As, sup_args: &[&str]) {
+    let diffs = differences(&user, sup_args);
+    assert!(
+        diffs.is_empty(),
+        "{} of {} programs differ under sigma-supervise {sup_args:?} (as {}):\n{}",
+        diffs.len(),
+        corpus().len(),
+        if user.nobody { "nobody" } else { "root" },
+        diffs.join("\n")
+    );
+}
+
+#[test]
+fn corpus_as_root_matches_bare() {
+    assert_same(As::root(), &[]);
+}
+
+#[test]
+fn corpus_as_root_matches_bare_with_every_path_call_decided() {
+    // Without a path rule the path calls run in the kernel; --always-notify sends each one
+    // through the handlers (link, symlink, utimensat, mknodat, truncate, statfs, ...).
+    assert_same(As::root(), &["--always-notify"]);
+}
+
+#[test]
+fn corpus_unprivileged_matches_bare() {
+    assert_same(As::nobody(), &[]);
+}
+
+#[test]
+fn corpus_unprivileged_matches_bare_with_every_path_call_decided() {
+    assert_same(As::nobody(), &["--always-notify"]);
+}
+
+#[test]
+fn the_strict_profile_is_what_the_corpus_needed_additions_for() {
+    // Under σOS's list to the letter most everyday programs break; this is what the
+    // additions of the default profile are for. (It also shows the corpus can tell.)
+    let diffs = differences(&As::root(), &["--profile", "sigmaos-strict"]);
+    assert!(
+        diffs.len() * 2 > corpus().len(),
+        "only {} programs differ under sigmaos-strict",
+        diffs.len()
+    );
+}
+
+// ------------------------------------------------------------------------------------------------
+// What the additions must not grant.
+// ------------------------------------------------------------------------------------------------
+
+fn supervised_python(code: &str) -> (Outcome, String) {
+    let mut c = interp::supervisor();
+    c.args(["python3", "-c", code]);
+    outcome(c)
+}
+
+/// The state letter of process `pid` (`R`, `S`, `T` stopped, `Z` zombie), if it exists.
+fn state(pid: u32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit(')').next()?.trim_start().chars().next()
+}
+
+#[test]
+fn signals_outside_the_proc_never_arrive() {
+    // A stopped decoy outside the proc, in a process group of its own; the target tries every
+    // way to signal it, its group, everything (SIGCONT: harmless to the machine if it escaped,
+    // and visible on the decoy), and the supervisor.
+    let mut decoy = Command::new("sleep")
+        .arg("60")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = decoy.id();
+    let decoy_pid = nix::unistd::Pid::from_raw(pid as i32);
+    nix::sys::signal::kill(decoy_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let t0 = Instant::now();
+    while state(pid) != Some('T') {
+        assert!(t0.elapsed() < HANG, "the decoy does not stop");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let code = format!(
+        r#"
+import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, f):
+    try:
+        f()
+        print(name, "sent")
+    except OSError as e:
+        print(name, type(e).__name__)
+def raw(nr, *args):
+    if libc.syscall(nr, *args) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+attempt("kill", lambda: os.kill({pid}, signal.SIGKILL))
+attempt("killpg", lambda: os.killpg({pid}, signal.SIGKILL))
+attempt("kill -1", lambda: os.kill(-1, signal.SIGCONT))
+attempt("kill parent", lambda: os.kill(os.getppid(), signal.SIGKILL))
+attempt("tgkill", lambda: raw(234, {pid}, {pid}, signal.SIGKILL))
+attempt("tkill", lambda: raw(200, {pid}, signal.SIGKILL))
+attempt("pidfd_send_signal", lambda: signal.pidfd_send_signal(os.pidfd_open({pid}), signal.SIGKILL))
+print("target alive")
+"#
+    );
+    let (o, err) = supervised_python(&code);
+    assert_eq!(o.code, Some(0), "{o:?} {err}");
+    assert_eq!(
+        o.stdout,
+        "kill PermissionError\nkillpg PermissionError\nkill -1 ProcessLookupError\n\
+         kill parent PermissionError\ntgkill PermissionError\ntkill PermissionError\n\
+         pidfd_send_signal PermissionError\ntarget alive\n"
+    );
+    // The attack's effect did not happen: the decoy lives, still stopped.
+    assert_eq!(state(pid), Some('T'), "the decoy was killed or continued");
+    decoy.kill().unwrap();
+    decoy.wait().unwrap();
+}
+
+#[test]
+fn signals_within_the_proc_arrive() {
+    // The target's own children, its process group, its own threads, its own pid.
+    let code = r#"
+import os, signal, subprocess, threading
+p = subprocess.Popen(["sleep", "60"])
+os.kill(p.pid, signal.SIGTERM)
+print("child", p.wait(30))
+p = subprocess.Popen(["sleep", "60"], process_group=0)
+os.killpg(p.pid, signal.SIGKILL)
+print("group", p.wait(30))
+p = subprocess.Popen(["sleep", "60"])
+signal.pidfd_send_signal(os.pidfd_open(p.pid), signal.SIGTERM)
+print("pidfd", p.wait(30))
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append(threading.get_native_id()))
+ev = threading.Event()
+t = threading.Thread(target=lambda: ev.wait(2))
+t.start()
+signal.pthread_kill(t.ident, signal.SIGUSR1)
+t.join()
+os.kill(os.getpid(), signal.SIGUSR1)
+print("own", len(got))
+"#;
+    let (o, err) = supervised_python(code);
+    assert_eq!(o.code, Some(0), "{o:?} {err}");
+    assert_eq!(o.stdout, "child -15\ngroup -9\npidfd -15\nown 2\n");
+}
+
+#[test]
+fn device_nodes_are_never_created() {
+    // mknod is notified for FIFOs; a device node is refused before its path is even read,
+    // though we run as root (CAP_MKNOD).
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dir.path().join("mem");
+    let fifo = dir.path().join("fifo");
+    let code = format!(
+        r#"
+import os, stat
+try:
+    os.mknod("{0}", 0o666 | stat.S_IFCHR, os.makedev(1, 1))
+    print("created")
+except PermissionError:
+    print("refused")
+os.mkfifo("{1}")
+print(stat.S_ISFIFO(os.stat("{1}").st_mode))
+"#,
+        dev.display(),
+        fifo.display()
+    );
+    for extra in [&[][..], &["--always-notify"][..]] {
+        let mut c = interp::supervisor();
+        c.args(extra).args(["python3", "-c", &code]);
+        let (o, err) = outcome(c);
+        assert_eq!(o.stdout, "refused\nTrue\n", "{extra:?} {err}");
+        assert!(!dev.exists(), "a device node was created");
+        std::fs::remove_file(&fifo).unwrap();
+    }
+}
+
+#[test]
+fn abstract_sockets_outside_the_proc_are_unreachable() {
+    // A listener outside the proc on an abstract name (what host services use): without a
+    // jail the target may connect only to abstract names its own processes bound.
+    let name = format!("sigma-test-outside-{}", std::process::id());
+    let addr =
+        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+            name.as_bytes(),
+        )
+        .unwrap();
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let code = format!(
+        r#"
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect(b"\0{name}")
+    print("connected")
+except ConnectionRefusedError:
+    print("refused")
+"#
+    );
+    let (o, err) = supervised_python(&code);
+    assert_eq!(o.stdout, "refused\n", "{err}");
+    // Nobody knocked.
+    assert_eq!(
+        listener.accept().map(|_| ()).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
+}
