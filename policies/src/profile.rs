@@ -186,12 +186,28 @@ fn line_of(src: &str, offset: usize) -> usize {
 
 struct Ctx<'a> {
     file: &'a str,
-    src: &'a str,
+    /// Offsets of every newline in the source, for line numbers in O(log n) (every entry
+    /// records its line; counting from the start each time made loading quadratic).
+    newlines: Vec<usize>,
+    _src: std::marker::PhantomData<&'a str>,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
+    fn new(file: &'a str, src: &'a str) -> Ctx<'a> {
+        Ctx {
+            file,
+            newlines: src
+                .bytes()
+                .enumerate()
+                .filter(|&(_, b)| b == b'\n')
+                .map(|(i, _)| i)
+                .collect(),
+            _src: std::marker::PhantomData,
+        }
+    }
+
     fn line(&self, span: Range<usize>) -> usize {
-        line_of(self.src, span.start)
+        1 + self.newlines.partition_point(|&i| i < span.start)
     }
 
     fn err(&self, span: Range<usize>, message: impl Into<String>) -> PolicyError {
@@ -612,7 +628,7 @@ fn check_mixed(
 impl Profile {
     /// Parse and validate profile text; `file` names it in errors.
     pub fn parse(src: &str, file: &str) -> Result<Profile, PolicyError> {
-        let cx = Ctx { file, src };
+        let cx = Ctx::new(file, src);
         let raw: RawProfile = toml::from_str(src).map_err(|e| PolicyError::Invalid {
             file: file.to_owned(),
             line: e.span().map_or(1, |s| line_of(src, s.start)),
