@@ -9,33 +9,23 @@
 use crate::plan::Plan;
 use crate::sys;
 use nix::errno::Errno;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 /// A user namespace mapping inside 0 to the proc's host ids, as an fd (a short-lived helper
 /// process makes it).
 fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, String> {
     let (r, w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
-    // The helper only blocks on the pipe and exits: it shares our memory (CLONE_VM, no page
-    // tables copied) and runs on a small stack of its own.
-    let mut stack = vec![0u8; 64 * 1024];
-    let rfd = r.as_raw_fd();
-    let cb = Box::new(move || {
+    // SAFETY: the supervisor is single-threaded here (before the jail is cloned); the child only
+    // blocks on a pipe read and exits.
+    let pid = unsafe { sys::clone_fork(libc::CLONE_NEWUSER) }
+        .map_err(|e| format!("creating the id-mapping user namespace: {}", e.desc()))?;
+    if pid == 0 {
+        drop(w);
         let mut b = [0u8; 1];
-        // SAFETY: `rfd` stays open in the parent until after this helper is reaped or killed.
-        let _ = nix::unistd::read(unsafe { BorrowedFd::borrow_raw(rfd) }, &mut b);
-        0
-    });
-    // SAFETY: the callback touches only the pipe's read end and a local buffer; the parent keeps
-    // `stack` alive until the helper has exited (waited for below).
-    let pid = unsafe {
-        nix::sched::clone(
-            cb,
-            &mut stack,
-            nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_VM,
-            Some(libc::SIGCHLD),
-        )
+        let _ = nix::unistd::read(&r, &mut b);
+        sys::exit_now(0)
     }
-    .map_err(|e| format!("creating the id-mapping user namespace: {}", e.desc()))?;
+    drop(r);
     let res = (|| {
         let base = format!("/proc/{pid}");
         std::fs::write(format!("{base}/uid_map"), format!("0 {host_uid} 1\n"))?;
@@ -45,9 +35,11 @@ fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, String> {
     })()
     .map_err(|e| format!("mapping ids for idmapped binds: {e}"));
     drop(w);
+    // The namespace lives on through our fd; the helper has served its purpose (no waiting
+    // for it to notice the pipe's end).
+    let pid = nix::unistd::Pid::from_raw(pid);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
     let _ = nix::sys::wait::waitpid(pid, None);
-    drop(r);
-    drop(stack);
     res
 }
 
