@@ -686,9 +686,12 @@ print("bind ok")
         denied.display(),
         dir.path().display()
     );
+    // The directory is shown to the jailed proc read-write; its denied part stays refused.
     let o = run(sup()
         .arg("--profile")
         .arg(&profile)
+        .arg("--bind-rw")
+        .arg(dir.path())
         .args(["python3", "-c", &code]));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o), "connect EACCES\nbind EACCES\nbind ok\n");
