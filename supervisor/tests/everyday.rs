@@ -300,7 +300,21 @@ attempt("pidfd_send_signal", lambda: signal.pidfd_send_signal(os.pidfd_open({pid
 print("target alive")
 "#
     );
+    // In the jail's pid namespace nothing outside exists (ESRCH); the parent is its init,
+    // which takes no signal from the proc.
     let (o, err) = supervised_python(&code);
+    assert_eq!(o.code, Some(0), "{o:?} {err}");
+    assert_eq!(
+        o.stdout,
+        "kill ProcessLookupError\nkillpg ProcessLookupError\nkill -1 ProcessLookupError\n\
+         kill parent PermissionError\ntgkill ProcessLookupError\ntkill ProcessLookupError\n\
+         pidfd_send_signal ProcessLookupError\ntarget alive\n"
+    );
+    assert_eq!(state(pid), Some('T'), "the decoy was killed or continued");
+    // Without a jail the supervisor confines signals to the proc's tree itself.
+    let mut c = interp::supervisor();
+    c.args(["--no-jail", "python3", "-c", &code]);
+    let (o, err) = outcome(c);
     assert_eq!(o.code, Some(0), "{o:?} {err}");
     assert_eq!(
         o.stdout,
@@ -364,8 +378,10 @@ print(stat.S_ISFIFO(os.stat("{1}").st_mode))
         dev.display(),
         fifo.display()
     );
+    let bind = dir.path().display().to_string();
     for extra in [&[][..], &["--always-notify"][..]] {
         let mut c = interp::supervisor();
+        c.arg("--bind-rw").arg(&bind);
         c.args(extra).args(["python3", "-c", &code]);
         let (o, err) = outcome(c);
         assert_eq!(o.stdout, "refused\nTrue\n", "{extra:?} {err}");
