@@ -284,3 +284,15 @@ pub fn close_fds_from(first: u32) {
 pub fn landlock_abi() -> i64 {
     sys::landlock_abi()
 }
+
+/// A detached, read-only (nosuid, nodev), recursive clone of the mount tree at `dir`
+/// (open_tree + mount_setattr): what is opened beneath it cannot be written through.
+pub fn readonly_tree(dir: &std::ffi::CStr) -> Result<std::os::fd::OwnedFd, nix::errno::Errno> {
+    use std::os::fd::AsFd;
+    let fd = sys::clone_tree(dir)?;
+    sys::set_tree_attrs(
+        fd.as_fd(),
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+    )?;
+    Ok(fd)
+}

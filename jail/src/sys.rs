@@ -106,71 +106,59 @@ pub fn pivot_root(new_root: &CStr, put_old: &CStr) -> Result<(), Errno> {
     Errno::result(rc).map(drop)
 }
 
-/// Clear the permitted, effective and inheritable capability sets (capset(2), version 3).
-pub fn clear_capabilities() -> Result<(), Errno> {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const VERSION_3: u32 = 0x2008_0522;
-    let mut hdr = Header {
-        version: VERSION_3,
+/// capget/capset's version-3 header and its two-element data array (linux/capability.h).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+fn capset(data: &[CapData; 2]) -> Result<(), Errno> {
+    let mut hdr = CapHeader {
+        version: CAP_VERSION_3,
         pid: 0,
     };
-    let data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
     // SAFETY: `hdr` and `data` are live and laid out as the kernel's v3 header and two-element
-    // data array; the kernel only reads `data`.
-    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) };
+    // data array; capset only reads `data`.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) };
     Errno::result(rc).map(drop)
+}
+
+/// Clear the permitted, effective and inheritable capability sets (capset(2), version 3).
+pub fn clear_capabilities() -> Result<(), Errno> {
+    capset(&[CapData::default(); 2])
 }
 
 /// Make the effective capability set equal to the permitted one (after a uid change with
 /// PR_SET_KEEPCAPS, which keeps permitted but clears effective).
 pub fn restore_effective_caps() -> Result<(), Errno> {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const VERSION_3: u32 = 0x2008_0522;
-    let mut hdr = Header {
-        version: VERSION_3,
+    let mut hdr = CapHeader {
+        version: CAP_VERSION_3,
         pid: 0,
     };
-    let mut data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
+    let mut data = [CapData::default(); 2];
     // SAFETY: `hdr` and `data` are live and laid out as the kernel's v3 header and two-element
     // data array, which capget fills.
-    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut hdr as *mut Header, data.as_mut_ptr()) };
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut hdr as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    };
     Errno::result(rc)?;
     for d in &mut data {
         d.effective = d.permitted;
     }
-    // SAFETY: as above; capset only reads `data`.
-    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) };
-    Errno::result(rc).map(drop)
+    capset(&data)
 }
 
 /// prctl with integer arguments.

@@ -134,32 +134,10 @@ pub fn build(plan: &Plan) -> Result<(), StageError> {
                 Some(c"newinstance,ptmxmode=0666,mode=620"),
             )
             .map_err(&err)?,
-            Step::ReadOnly { path } => {
-                match mount(
-                    Some(path.as_c_str()),
-                    path.as_c_str(),
-                    None::<&CStr>,
-                    MsFlags::MS_BIND | MsFlags::MS_REC,
-                    None::<&CStr>,
-                ) {
-                    Ok(()) => {}
-                    Err(Errno::ENOENT) => continue,
-                    Err(e) => return Err(err(e)),
-                }
-                mount(
-                    None::<&CStr>,
-                    path.as_c_str(),
-                    None::<&CStr>,
-                    MsFlags::MS_BIND
-                        | MsFlags::MS_REMOUNT
-                        | MsFlags::MS_RDONLY
-                        | MsFlags::MS_NOSUID
-                        | MsFlags::MS_NODEV
-                        | MsFlags::MS_NOEXEC,
-                    None::<&CStr>,
-                )
-                .map_err(&err)?
-            }
+            Step::ReadOnly { path } => match bind_read_only(path, path, MsFlags::MS_NOEXEC) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(e) => return Err(err(e)),
+            },
             Step::Write { path, data, mode } => {
                 let fd = open(
                     path.as_c_str(),
@@ -240,23 +218,30 @@ fn hide_file(path: &CStr) -> nix::Result<()> {
         Ok(_) | Err(Errno::EEXIST) => {}
         Err(e) => return Err(e),
     }
+    bind_read_only(EMPTY, path, MsFlags::MS_NOEXEC)
+}
+
+/// Bind `src` at `target` (recursively), then make that mount read-only, nosuid, nodev plus
+/// `extra` (a bind ignores the flags, so the remount is a second call). Two system calls, no
+/// allocation: safe in a forked child.
+pub fn bind_read_only(src: &CStr, target: &CStr, extra: MsFlags) -> nix::Result<()> {
     mount(
-        Some(EMPTY),
-        path,
+        Some(src),
+        target,
         None::<&CStr>,
-        MsFlags::MS_BIND,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
         None::<&CStr>,
     )?;
     mount(
         None::<&CStr>,
-        path,
+        target,
         None::<&CStr>,
         MsFlags::MS_BIND
             | MsFlags::MS_REMOUNT
             | MsFlags::MS_RDONLY
             | MsFlags::MS_NOSUID
             | MsFlags::MS_NODEV
-            | MsFlags::MS_NOEXEC,
+            | extra,
         None::<&CStr>,
     )
 }

@@ -367,27 +367,16 @@ impl Child {
     }
 }
 
-/// Bind `src` at `target`, then make that mount read-only, nosuid, nodev (a bind ignores the
-/// flags, so the remount is a second call). Child-safe: two system calls, no allocation.
+/// Bind `src` at `target` read-only, nosuid, nodev (child-safe: two system calls).
 fn bind_read_only(src: &CStr, target: &CStr) -> nix::Result<()> {
-    mount(
-        Some(src),
-        target,
-        None::<&CStr>,
-        MsFlags::MS_BIND,
-        None::<&CStr>,
-    )?;
-    mount(
-        None::<&CStr>,
-        target,
-        None::<&CStr>,
-        MsFlags::MS_BIND
-            | MsFlags::MS_REMOUNT
-            | MsFlags::MS_RDONLY
-            | MsFlags::MS_NOSUID
-            | MsFlags::MS_NODEV,
-        None::<&CStr>,
-    )
+    jail::world::bind_read_only(src, target, MsFlags::empty())
+}
+
+/// Pin the calling process to `cpu` (the notification thread gets the same one).
+fn pin_to(cpu: usize) -> nix::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
 }
 
 fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &SigSet) -> ! {
@@ -443,11 +432,7 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
         }
     }
     if let Some(cpu) = p.pin_cpu {
-        let mut set = nix::sched::CpuSet::new();
-        let r = set
-            .set(cpu)
-            .and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
-        if let Err(e) = r {
+        if let Err(e) = pin_to(cpu) {
             fail(STAGE_AFFINITY, e)
         }
     }
@@ -594,11 +579,7 @@ fn jailed_target(
         sys::exit_child(125)
     }
     if let Some(cpu) = p.pin_cpu {
-        let mut set = nix::sched::CpuSet::new();
-        let r = set
-            .set(cpu)
-            .and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
-        if let Err(e) = r {
+        if let Err(e) = pin_to(cpu) {
             jsend(status, J_STAGE, STAGE_AFFINITY, 0, e as i32);
             sys::exit_child(125)
         }

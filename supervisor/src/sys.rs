@@ -126,56 +126,11 @@ pub fn sigwaitinfo(set: &nix::sys::signal::SigSet) -> Result<(i32, i32), Errno> 
     Ok((signo, info.si_code))
 }
 
-/// struct mount_attr (linux/mount.h).
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
-const OPEN_TREE_CLONE: u32 = 1;
-const AT_RECURSIVE: u32 = 0x8000;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
-
 /// A detached, read-only, recursive clone of the mount tree at `dir` (open_tree(2) with
 /// OPEN_TREE_CLONE, then mount_setattr(2)). Files opened beneath it — and fds injected into the
 /// target from it — cannot be written, and `..` cannot climb above its root.
 pub fn readonly_tree(dir: &CStr) -> Result<OwnedFd, Errno> {
-    // SAFETY: `dir` is NUL-terminated and outlives the call; the other arguments are integers.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            dir.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | AT_RECURSIVE,
-        )
-    };
-    let fd = Errno::result(fd)? as RawFd;
-    // SAFETY: on success open_tree returns a new O_PATH fd that nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    // SAFETY: `attr` is a live, correctly sized mount_attr; the path is a static empty string
-    // with AT_EMPTY_PATH, so only the fd (borrowed for the call) is used.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH as u32 | AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    Errno::result(rc)?;
-    Ok(fd)
+    jail::readonly_tree(dir)
 }
 
 /// Restore a signal's default action. The Rust runtime ignores SIGPIPE, and an ignored
