@@ -37,9 +37,8 @@ fn a_go_proc_uses_the_whole_proc_api() {
     );
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_sigma-supervise"))
-        // TODO(profile): the sigmaos profile refuses eventfd2, which the Go runtime's netpoller
-        // needs (runtime: eventfd failed); run under the default profile once it allows it.
-        .args(["--profile", "permissive", "--scratch-dir"])
+        // The default profile, as σOS's Go procs would run (it allows the Go runtime's eventfd2).
+        .args(["--scratch-dir"])
         .arg(tmp.path().join("ux"))
         .arg("--")
         .arg(&bin)
