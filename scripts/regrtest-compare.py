@@ -128,7 +128,8 @@ def main():
         work = tempfile.mkdtemp(prefix="regrtest-")
         try:
             rows = []
-            for label, prefix in (("bare", []), ("sup", [sup, *sup_args])):
+            # The jailed proc sees the work directory (for its JUnit XML) read-write.
+            for label, prefix in (("bare", []), ("sup", [sup, "--bind-rw", work, *sup_args])):
                 ignores = [a for pat in args.ignore for a in ("-i", pat)]
                 xml = os.path.join(work, f"{label}.xml")
                 testdir, name = [], mod
