@@ -250,6 +250,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     );
     let jail = cli.jail.spec(&program, &cli.command, &hidden, cli.grace)?;
     let mut prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu, elide, jail)?;
+    prepared.home_inside_jail()?;
     if let Some((fd, number)) = api.take_target_end() {
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
     }

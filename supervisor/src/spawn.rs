@@ -132,13 +132,37 @@ impl Prepared {
     /// Let the target inherit `fd` (its close-on-exec flag must be clear) and set `key=value`
     /// in its environment, replacing an inherited value.
     pub fn pass_fd(&mut self, fd: OwnedFd, key: &str, value: &str) -> anyhow::Result<()> {
+        self.set_env(key, value)?;
+        self.inherited.push(fd);
+        Ok(())
+    }
+
+    /// Set `key=value` in the target's environment, replacing an inherited value.
+    pub fn set_env(&mut self, key: &str, value: &str) -> anyhow::Result<()> {
         let prefix = format!("{key}=");
         self._envp
             .retain(|kv| !kv.as_bytes().starts_with(prefix.as_bytes()));
         let kv = format!("{key}={value}");
         self._envp.push(cstring(OsStr::new(&kv))?);
         self.envp_ptrs = ptrs(&self._envp);
-        self.inherited.push(fd);
+        Ok(())
+    }
+
+    /// In the jail, a home directory the proc cannot see is replaced by its private /tmp, so
+    /// tools that keep caches and settings under `~` work (for the proc's lifetime).
+    pub fn home_inside_jail(&mut self) -> anyhow::Result<()> {
+        let Some(spec) = &self.jail else {
+            return Ok(());
+        };
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let visible = home.as_deref().is_some_and(|h| {
+            spec.binds
+                .iter()
+                .any(|b| h.starts_with(&b.dst) && std::fs::metadata(&b.src).is_ok())
+        });
+        if !visible {
+            self.set_env("HOME", "/tmp")?;
+        }
         Ok(())
     }
 }

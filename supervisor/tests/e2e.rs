@@ -459,6 +459,26 @@ fn sigterm_is_forwarded_to_the_child() {
 }
 
 #[test]
+fn a_home_the_jail_does_not_show_becomes_its_private_tmp() {
+    let o = run(sup().env("HOME", "/nonexistent/home").args([
+        "python3",
+        "-c",
+        "import os, pathlib; p = pathlib.Path.home() / '.cache' / 'x'; \
+         p.parent.mkdir(parents=True); p.write_text('ok'); print(os.environ['HOME'], p.read_text())",
+    ]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "/tmp ok\n");
+    // A home the jail shows (here: the working directory) stays as it is.
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(sup().current_dir(dir.path()).env("HOME", dir.path()).args([
+        "python3",
+        "-c",
+        "import os; print(os.environ['HOME'])",
+    ]));
+    assert_eq!(stdout(&o).trim(), dir.path().display().to_string());
+}
+
+#[test]
 fn a_proc_ends_when_its_program_ends_leftovers_get_sigterm_then_sigkill() {
     // The program leaves two grandchildren: one that ends on SIGTERM (and says so), one that
     // ignores it. The run must end, both must be gone, the first must have seen SIGTERM.
