@@ -214,32 +214,31 @@ impl JailSpec {
         };
         tree.dirs.insert(PathBuf::from("/"));
 
-        // Binds whose source exists, parents first (a bind nested in another is attached after it).
-        let mut binds: Vec<&Bind> = Vec::new();
+        // Binds whose source exists (and whether it is a directory), the last one for each
+        // destination, parents first (a bind nested in another is attached after it).
+        let mut uniq: Vec<(&Bind, bool)> = Vec::new();
+        let mut at_dst = std::collections::HashMap::new();
         for b in &self.binds {
             check_abs(&b.dst)?;
-            match std::fs::metadata(&b.src) {
-                Ok(_) => binds.push(b),
-                Err(_) if b.optional => {}
+            let is_dir = match std::fs::metadata(&b.src) {
+                Ok(m) => m.is_dir(),
+                Err(_) if b.optional => continue,
                 Err(e) => {
                     return Err(JailError::Source {
                         path: b.src.display().to_string(),
                         source: e,
                     })
                 }
+            };
+            match at_dst.entry(&b.dst) {
+                std::collections::hash_map::Entry::Occupied(e) => uniq[*e.get()] = (b, is_dir),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(uniq.len());
+                    uniq.push((b, is_dir));
+                }
             }
         }
-        binds.sort_by_key(|b| b.dst.components().count());
-        // A later bind with the same destination replaces an earlier one.
-        let mut seen = std::collections::HashSet::new();
-        let mut uniq = Vec::new();
-        for b in binds.iter().rev() {
-            if seen.insert(b.dst.clone()) {
-                uniq.push(*b);
-            }
-        }
-        uniq.reverse();
-        uniq.sort_by_key(|b| b.dst.components().count());
+        uniq.sort_by_key(|(b, _)| b.dst.components().count());
 
         let mut sources = Vec::new();
         let mut source_dsts = Vec::new();
@@ -277,10 +276,7 @@ impl JailSpec {
         }
         dev_steps(&mut steps, &mut sources, &mut source_dsts)?;
 
-        for b in uniq {
-            let is_dir = std::fs::metadata(&b.src)
-                .map(|m| m.is_dir())
-                .unwrap_or(true);
+        for (b, is_dir) in uniq {
             tree.parents(&b.dst, &mut steps)?;
             let path = cstr(&built(&b.dst))?;
             if is_dir {

@@ -59,27 +59,35 @@ pub fn clone_tree(path: &CStr) -> Result<OwnedFd, Errno> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// mount_setattr(AT_RECURSIVE) on a mount fd: set `set` on the whole tree.
-pub fn set_tree_attrs(tree: BorrowedFd<'_>, set: u64) -> Result<(), Errno> {
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
+/// mount_setattr(AT_RECURSIVE) on a mount fd with `attr`.
+fn mount_setattr(tree: BorrowedFd<'_>, attr: &MountAttr) -> Result<(), Errno> {
     // SAFETY: `attr` is a live, correctly sized mount_attr; the path is a static empty string
-    // used with AT_EMPTY_PATH, so only the borrowed fd is used.
+    // used with AT_EMPTY_PATH, so only the borrowed fd (and a userns fd named in `attr`, which
+    // the caller borrows for the call) is used.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
             tree.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH as u32 | AT_RECURSIVE,
-            &attr as *const MountAttr,
+            attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     };
     Errno::result(rc).map(drop)
+}
+
+/// mount_setattr(AT_RECURSIVE) on a mount fd: set `set` on the whole tree.
+pub fn set_tree_attrs(tree: BorrowedFd<'_>, set: u64) -> Result<(), Errno> {
+    mount_setattr(
+        tree,
+        &MountAttr {
+            attr_set: set,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        },
+    )
 }
 
 /// move_mount(2): attach the detached tree `tree` at `dst`.
@@ -231,25 +239,15 @@ pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 /// mount_setattr(AT_RECURSIVE, MOUNT_ATTR_IDMAP) with the user namespace `userns`.
 pub fn idmap_tree(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> Result<(), Errno> {
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    // SAFETY: `attr` is a live, correctly sized mount_attr; the path is a static empty string
-    // used with AT_EMPTY_PATH, so only the borrowed fds are used.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH as u32 | AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    Errno::result(rc).map(drop)
+    mount_setattr(
+        tree,
+        &MountAttr {
+            attr_set: MOUNT_ATTR_IDMAP,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: userns.as_raw_fd() as u64,
+        },
+    )
 }
 
 /// The Landlock ABI version this kernel offers (0: none).
