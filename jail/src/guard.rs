@@ -15,14 +15,18 @@ const SGID: u64 = libc::S_ISGID as u64;
 const O_CREAT: u64 = libc::O_CREAT as u64;
 
 /// A compiled guard, ready to load in the target.
+#[derive(Debug, Clone)]
 pub struct Guard {
-    ctx: ScmpFilterContext,
+    prog: notify::CompiledFilter,
 }
 
-impl std::fmt::Debug for Guard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Guard")
-    }
+/// Why the guard could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError {
+    #[error(transparent)]
+    Seccomp(#[from] libseccomp::error::SeccompError),
+    #[error(transparent)]
+    Export(#[from] notify::NotifyError),
 }
 
 fn bit(arg: u32, b: u64) -> ScmpArgCompare {
@@ -31,7 +35,7 @@ fn bit(arg: u32, b: u64) -> ScmpArgCompare {
 
 impl Guard {
     /// Build the filter (before fork).
-    pub fn new() -> Result<Guard, libseccomp::error::SeccompError> {
+    pub fn new() -> Result<Guard, GuardError> {
         let mut ctx = ScmpFilterContext::new(ScmpAction::Allow)?;
         // No no_new_privs from libseccomp: the jail sets it itself, before.
         ctx.set_ctl_nnp(false)?;
@@ -70,11 +74,22 @@ impl Guard {
         for b in [SUID, SGID] {
             ctx.add_rule_conditional(eperm, ScmpSyscall::from(452), &[bit(2, b)])?;
         }
-        Ok(Guard { ctx })
+        Ok(Guard {
+            prog: notify::filter::export(&ctx)?,
+        })
     }
 
-    /// Load it into the calling process (no_new_privs must already be set).
-    pub fn load(&self) -> Result<(), libseccomp::error::SeccompError> {
-        self.ctx.load()
+    /// A guard built earlier (its program as [`Guard::program`] gave it).
+    pub fn from_program(prog: notify::CompiledFilter) -> Guard {
+        Guard { prog }
+    }
+
+    pub fn program(&self) -> &notify::CompiledFilter {
+        &self.prog
+    }
+
+    /// Load it into the calling process (no_new_privs must already be set). No allocation.
+    pub fn load(&self) -> nix::Result<()> {
+        self.prog.install_stacked()
     }
 }

@@ -36,10 +36,12 @@ fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, String> {
     .map_err(|e| format!("mapping ids for idmapped binds: {e}"));
     drop(w);
     // The namespace lives on through our fd; the helper has served its purpose (no waiting
-    // for it to notice the pipe's end).
-    let pid = nix::unistd::Pid::from_raw(pid);
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-    let _ = nix::sys::wait::waitpid(pid, None);
+    // for it to notice the pipe's end, nor for it to die: the supervisor reaps every child it
+    // has when the run ends).
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
     res
 }
 

@@ -45,6 +45,7 @@ pub fn run(target: i32, signals: &SigSet, grace: Duration) -> ! {
         }
         if let Some(c) = code {
             if none_left {
+                crate::mark("init-exit");
                 sys::exit_now(c)
             }
             if deadline.is_none() {

@@ -79,7 +79,7 @@ pub fn shed(plan: &Plan) -> Result<LandlockOutcome, StageError> {
     };
     nix::unistd::chdir(plan.workdir.as_c_str()).map_err(stage(7))?;
     if let Some(g) = &plan.guard {
-        g.load().map_err(|_| stage(9)(Errno::EINVAL))?;
+        g.load().map_err(stage(9))?;
     }
     Ok(landlock)
 }

@@ -42,7 +42,7 @@ impl Action {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CmpOp {
     Eq,
     Ne,
@@ -53,7 +53,7 @@ pub enum CmpOp {
 /// A condition on one syscall argument (all conditions of a rule must hold).
 ///
 /// Comparisons are on the full 64-bit register value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ArgCmp {
     pub arg: u32,
     pub op: CmpOp,
@@ -152,13 +152,13 @@ impl FilterSpec {
             ctx.add_rule_conditional(rule.action.to_scmp(), ScmpSyscall::from(nr), &cmps)
                 .map_err(|e| build_err(format!("adding the rule for `{}`", rule.name), e))?;
         }
-        let bytes = export(&ctx)?;
-        CompiledFilter::from_bytes(&bytes)
+        export(&ctx)
     }
 }
 
-/// Export the BPF program through a memfd (libseccomp 2.5 has no in-memory export).
-fn export(ctx: &ScmpFilterContext) -> Result<Vec<u8>, NotifyError> {
+/// The BPF program of a libseccomp filter context, exported through a memfd (libseccomp 2.5
+/// has no in-memory export).
+pub fn export(ctx: &ScmpFilterContext) -> Result<CompiledFilter, NotifyError> {
     let io_err = |context: &str, e: std::io::Error| NotifyError::Build {
         context: context.to_owned(),
         source: Some(Box::new(e)),
@@ -174,7 +174,7 @@ fn export(ctx: &ScmpFilterContext) -> Result<Vec<u8>, NotifyError> {
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
         .map_err(|e| io_err("reading the BPF export", e))?;
-    Ok(bytes)
+    CompiledFilter::from_bytes(&bytes)
 }
 
 impl CompiledFilter {
@@ -271,5 +271,30 @@ impl CompiledFilter {
             }
             return Err(e);
         }
+    }
+
+    /// Install the program as one more filter of the calling thread, without a listener (a
+    /// filter that never notifies, e.g. the jail's guard). no_new_privs (or CAP_SYS_ADMIN) must
+    /// already be in place. Async-signal-safe: no allocation.
+    pub fn install_stacked(&self) -> Result<(), nix::Error> {
+        let prog = libc::sock_fprog {
+            // compile/from_bytes guarantee 1..=BPF_MAXINSNS instructions, so this fits in u16.
+            len: self.prog.len() as libc::c_ushort,
+            filter: self.prog.as_ptr().cast_mut(),
+        };
+        // SAFETY: `prog` lives on our stack for the duration of the call and points at
+        // `self.prog`, a live Vec of `len` sock_filter entries; the kernel only reads (copies) it.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER as libc::c_ulong,
+                0 as libc::c_ulong,
+                &prog as *const libc::sock_fprog,
+            )
+        };
+        if r < 0 {
+            return Err(Errno::last());
+        }
+        Ok(())
     }
 }

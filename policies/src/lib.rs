@@ -74,12 +74,40 @@ pub enum PolicyError {
 
 /// Load a profile: a builtin name wins, else `name_or_path` is read as a TOML file.
 pub fn load(name_or_path: &str) -> Result<Profile, PolicyError> {
-    if let Some(p) = builtin(name_or_path) {
-        return p;
+    source(name_or_path)?.parse()
+}
+
+/// A profile's text, before it is parsed: a builtin's (part of this program) or a file's.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The name shown in errors (`policies/profiles/NAME.toml` for a builtin, else the path).
+    pub file: String,
+    pub text: std::borrow::Cow<'static, str>,
+    pub builtin: bool,
+}
+
+impl Source {
+    pub fn parse(&self) -> Result<Profile, PolicyError> {
+        Profile::parse(&self.text, &self.file)
+    }
+}
+
+/// The text of profile `name_or_path`: a builtin name wins, else the file is read.
+pub fn source(name_or_path: &str) -> Result<Source, PolicyError> {
+    if let Some((_, file, text)) = BUILTINS.iter().find(|(n, _, _)| *n == name_or_path) {
+        return Ok(Source {
+            file: (*file).to_owned(),
+            text: std::borrow::Cow::Borrowed(text),
+            builtin: true,
+        });
     }
     let path = Path::new(name_or_path);
     match std::fs::read_to_string(path) {
-        Ok(src) => Profile::parse(&src, name_or_path),
+        Ok(text) => Ok(Source {
+            file: name_or_path.to_owned(),
+            text: std::borrow::Cow::Owned(text),
+            builtin: false,
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(PolicyError::UnknownProfile {
             name: name_or_path.to_owned(),
             builtins: builtin_names().collect::<Vec<_>>().join(", "),

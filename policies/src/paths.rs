@@ -2,7 +2,7 @@
 use std::path::{Component, Path, PathBuf};
 
 /// What a path rule does with a matching path.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PathAction {
     /// Let the kernel perform the call as the target asked.
     Continue,
@@ -13,7 +13,7 @@ pub enum PathAction {
 }
 
 /// One `[[path]]` rule (or a `--serve PREFIX=DIR` argument).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PathRule {
     /// Absolute, normalized (no `.`, `..`, repeated or trailing `/`).
     pub prefix: PathBuf,

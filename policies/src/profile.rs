@@ -109,7 +109,7 @@ impl<'de> Deserialize<'de> for RawErrno {
 // ------------------------------------------------------------------------------------------------
 
 /// What happens to a syscall no entry matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DefaultAction {
     Allow,
     /// Fail with `errno`. With `log`, the kernel notifies and the supervisor answers with `errno`
@@ -122,7 +122,7 @@ pub enum DefaultAction {
 }
 
 /// What a `[[syscall]]` entry does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum SyscallAction {
     Allow,
     /// The supervisor decides by path ([`Profile::decide`]).
@@ -132,7 +132,7 @@ pub enum SyscallAction {
 }
 
 /// Where an entry comes from (documentation, checked by tests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Origin {
     /// Table 3.1 of the σPy thesis: σOS's 73 allowed syscalls.
     Table31,
@@ -141,7 +141,7 @@ pub enum Origin {
 }
 
 /// One validated `[[syscall]]` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SyscallEntry {
     pub name: String,
     /// Number on the native architecture.
@@ -165,7 +165,7 @@ pub enum NotificationKind {
 }
 
 /// A validated profile. Build it with [`crate::load`] or [`Profile::parse`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Profile {
     name: String,
     description: String,

@@ -7,6 +7,7 @@
 //! family, one shared path routine) → [`serve`] (host-side opens under served dirs).
 #![deny(unsafe_code)]
 
+mod compiled;
 mod container;
 mod handlers;
 mod lazyfs;
@@ -166,13 +167,18 @@ fn init_logging(verbose: u8) {
 }
 
 fn main() -> ExitCode {
+    jail::mark("main");
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    jail::mark("parsed");
     if let Some(Sub::Publish(args)) = &cli.sub {
         return publish::main(args);
     }
     match run(cli) {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => {
+            jail::mark("finished");
+            ExitCode::from(code)
+        }
         Err(failure) => {
             eprintln!("sigma-supervise: {:#}", failure.error);
             ExitCode::from(failure.code)
@@ -218,18 +224,36 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             r.pythonpath(std::env::var_os("PYTHONPATH").as_deref()),
         );
     }
-    let mut policy = policy::Policy::load(&cli.profile, &serves, cli.audit)?;
-    // In the σcontainer's PID namespace signals reach only the proc's own tree (the kernel's
-    // job); without it the supervisor confines them.
-    policy.set_jailed(!cli.jail.no_jail);
     let trace = stats::TraceSink::open(cli.trace.as_deref())?;
+    let cache_root = cli
+        .realm
+        .cache_dir
+        .clone()
+        .unwrap_or_else(fetcher::cache::default_cache_root);
+    let compiled::Compiled {
+        policy,
+        elide,
+        filter,
+        guard,
+        cached,
+    } = compiled::compile(
+        &compiled::Options {
+            profile: &cli.profile,
+            serves: &serves,
+            audit: cli.audit,
+            jailed: !cli.jail.no_jail,
+            notify_paths: cli.always_notify || trace.is_some(),
+        },
+        Some(&cache_root),
+    )?;
+    tracing::debug!(cached, "profile {} compiled", cli.profile);
+    jail::mark("policy");
     // One CPU for both the target and the notification thread (chosen once).
     let pin_cpu = match cli.pin {
         Pin::Off => None,
         Pin::Auto if !sys::is_realtime() => None,
         Pin::Auto | Pin::Shared => sys::current_cpu(),
     };
-    let elide = !cli.always_notify && trace.is_none() && !policy.has_path_rules();
     if elide {
         tracing::info!("no path rule and no --trace: path calls run without notification");
     }
@@ -249,7 +273,15 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         cli.sigma.scratch_dir.as_deref(),
     );
     let jail = cli.jail.spec(&program, &cli.command, &hidden, cli.grace)?;
-    let mut prepared = spawn::prepare(&program, &cli.command, &policy, pin_cpu, elide, jail)?;
+    let mut prepared = spawn::prepare(
+        &program,
+        &cli.command,
+        &policy,
+        filter,
+        guard,
+        pin_cpu,
+        jail,
+    )?;
     prepared.home_inside_jail()?;
     if let Some((fd, number)) = api.take_target_end() {
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
@@ -263,13 +295,12 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         }
         prepared.hide_also(&r.root)?;
     }
-    let child = spawn::spawn(prepared)?;
+    let mut child = spawn::spawn(prepared)?;
     // Our memory holds credentials and our /proc files lead to the host: not dumpable, so no
     // process of the user's (a proc included) can read or ptrace them. (Only now: the jail's
     // id maps are written through our child's /proc files, which dumpability guards too.)
     let _ = nix::sys::prctl::set_dumpable(false);
-    api.start();
-    // Threads (the fetch runtime) only after fork; the child waits for `go`.
+    // Threads (the fetch runtime) only after fork; the child waits to be released.
     let resolver: Box<dyn serve::Resolver> = match realm {
         Some(r) => match (kernel_served, lazy) {
             (Some(n), _) => Box::new(r.kernel_served_resolver(n)),
@@ -279,6 +310,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         },
         None => Box::new(serve::LocalDirs),
     };
+    // The program loads while the realm server and the notification thread start.
+    child.release();
+    api.start();
     let status = supervisor::supervise(
         child,
         policy,

@@ -45,8 +45,17 @@ impl Policy {
     /// Load profile `name` (builtin or file) with `--serve` rules. `audit` notifies refusals so
     /// each refused name is logged (otherwise the kernel refuses them without a notification).
     /// The result assumes a jail ([`Policy::set_jailed`] says otherwise).
+    #[cfg(test)]
     pub fn load(name: &str, serves: &[String], audit: bool) -> anyhow::Result<Policy> {
-        let mut profile = policies::load(name)?;
+        Policy::from_profile(policies::load(name)?, serves, audit)
+    }
+
+    /// [`Policy::load`] for a profile already parsed (e.g. from the compiled-profile cache).
+    pub fn from_profile(
+        mut profile: Profile,
+        serves: &[String],
+        audit: bool,
+    ) -> anyhow::Result<Policy> {
         if audit {
             profile.set_logs_denied(true);
         }

@@ -126,6 +126,8 @@ pub struct Prepared {
     inherited: Vec<OwnedFd>,
     /// The σcontainer the target runs in (`None` only with `--no-jail`).
     jail: Option<jail::JailSpec>,
+    /// The jail's own seccomp guard (jailed runs).
+    guard: Option<jail::guard::Guard>,
 }
 
 impl Prepared {
@@ -182,8 +184,9 @@ pub fn prepare(
     program: &Path,
     command: &[OsString],
     policy: &Policy,
+    filter: CompiledFilter,
+    guard: Option<jail::guard::Guard>,
     pin_cpu: Option<usize>,
-    elide_paths: bool,
     jail: Option<jail::JailSpec>,
 ) -> anyhow::Result<Prepared> {
     let path = cstring(program.as_os_str())?;
@@ -202,10 +205,6 @@ pub fn prepare(
             cstring(OsStr::from_bytes(&kv))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let filter = policy
-        .filter_spec(elide_paths)
-        .compile()
-        .context("compiling the seccomp filter")?;
     let hides = policy
         .served()
         .iter()
@@ -262,6 +261,7 @@ pub fn prepare(
         pin_cpu,
         inherited: Vec::new(),
         jail,
+        guard,
     })
 }
 
@@ -373,17 +373,26 @@ pub struct Child {
     pub listener: OwnedFd,
     /// Where the exec result arrives: an errno message, or EOF once execve succeeded.
     status_rx: OwnedFd,
-    go_tx: OwnedFd,
+    go_tx: Option<OwnedFd>,
     /// The jail's cgroup, removed when dropped (keep it until the run ends).
     pub cgroup: Option<jail::limits::Cgroup>,
 }
 
 impl Child {
-    /// Let the child execve (the notification thread must be running: execve is notified).
-    /// Returns the exec failure (errno) if there was one.
-    pub fn go(self) -> Result<(), i32> {
-        let _ = nix::unistd::write(&self.go_tx, b"g");
-        drop(self.go_tx);
+    /// Let the child execve. Whatever it does from then on that is notified waits in the kernel
+    /// until the notification thread reads it, so the supervisor releases the child first and
+    /// starts its threads while the program loads.
+    pub fn release(&mut self) {
+        jail::mark("go");
+        if let Some(go) = self.go_tx.take() {
+            let _ = nix::unistd::write(&go, b"g");
+        }
+    }
+
+    /// Wait until the child has exec'd (released first if it was not); the exec failure
+    /// (errno) if there was one.
+    pub fn exec_result(mut self) -> Result<(), i32> {
+        self.release();
         match recv_msg(&self.status_rx) {
             Some((STAGE_EXEC, errno)) => Err(errno),
             _ => Ok(()),
@@ -522,7 +531,7 @@ pub fn spawn(mut p: Prepared) -> Result<Child, Failure> {
         display: p.display.clone(),
         listener,
         status_rx,
-        go_tx,
+        go_tx: Some(go_tx),
         cgroup: None,
     })
     // `p` (with the scratch bind sources) drops here: the child's mounts are made (the listener
@@ -602,6 +611,7 @@ fn jailed_target(
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
         sys::exit_child(125)
     }
+    jail::mark("shed");
     if let Some(cpu) = p.pin_cpu {
         if let Err(e) = pin_to(cpu) {
             jsend(status, J_STAGE, STAGE_AFFINITY, 0, e as i32);
@@ -615,6 +625,7 @@ fn jailed_target(
             sys::exit_child(125)
         }
     };
+    jail::mark("filter");
     jsend(status, J_LISTENER, listener.as_raw_fd() as u32, 0, 0);
     if !wait_byte(go_rx) {
         sys::exit_child(125)
@@ -627,7 +638,7 @@ fn jailed_target(
 
 /// Start the target in its σcontainer: clone init into new namespaces, map its ids, let it
 /// build the root and fork the target, then take the target's listener.
-fn spawn_jailed(p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
+fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
     use nix::sys::socket::{setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType};
     jail::userns_available().map_err(|why| anyhow!(jail::JailError::NoUserns { why }))?;
     let cgroup = jail::limits::Cgroup::create(
@@ -638,7 +649,10 @@ fn spawn_jailed(p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
     let grace = spec.grace;
     let mut plan = spec.prepare().map_err(anyhow::Error::from)?;
     plan.prepare_idmapped().map_err(|e| anyhow!("{e}"))?;
-    plan.guard = Some(jail::guard::Guard::new().context("building the jail's seccomp guard")?);
+    plan.guard = match p.guard.take() {
+        Some(g) => Some(g),
+        None => Some(jail::guard::Guard::new().context("building the jail's seccomp guard")?),
+    };
     sys::set_child_subreaper().context("PR_SET_CHILD_SUBREAPER")?;
     sys::default_disposition(Signal::SIGCHLD);
     let old_mask = handled_signals()
@@ -655,6 +669,7 @@ fn spawn_jailed(p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
     let (maps_rx, maps_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
     let (go_rx, go_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
     let (exec_rx, exec_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
+    jail::mark("clone");
     let pid = jail::clone_into_namespaces(&plan.spec)
         .map_err(|e| anyhow!("cannot create the jail's namespaces: {}", e.desc()))?;
     if pid == 0 {
@@ -672,10 +687,12 @@ fn spawn_jailed(p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
         }
         let _ = nix::sys::prctl::set_dumpable(false);
         drop(maps_rx);
+        jail::mark("init-maps");
         if let Err(e) = jail::world::build(&plan) {
             jsend(&status_tx, J_JAIL_STAGE, e.step, e.detail, e.errno);
             sys::exit_child(125)
         }
+        jail::mark("world");
         let target = match sys::fork() {
             Ok(0) => jailed_target(&p, &plan, &status_tx, &go_rx, &exec_tx, &old_mask),
             Ok(t) => t,
@@ -705,6 +722,7 @@ fn spawn_jailed(p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
             return Err(setup_failed(e));
         }
     }
+    jail::mark("maps");
     let _ = nix::unistd::write(&maps_tx, b"g");
     drop(maps_tx);
     let (fd, target_pid) = match jrecv(&status_rx) {
@@ -721,6 +739,7 @@ fn spawn_jailed(p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
         }
         _ => return Err(setup_failed("the jail's init exited during setup".into())),
     };
+    jail::mark("listener");
     let pidfd = sys::pidfd_open(target_pid).context("pidfd_open")?;
     let listener = sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| {
         setup_failed(format!(
@@ -733,7 +752,7 @@ fn spawn_jailed(p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure> {
         display: p.display.clone(),
         listener,
         status_rx: exec_rx,
-        go_tx,
+        go_tx: Some(go_tx),
         cgroup,
     })
 }

@@ -320,7 +320,7 @@ pub fn supervise(
     let pid = child.pid;
     let display = child.display.clone();
     let _cgroup = child.cgroup.take();
-    if let Err(errno) = child.go() {
+    if let Err(errno) = child.exec_result() {
         let _ = wait_all(pid, grace);
         let e = Errno::from_raw(errno);
         return Err(Failure {
@@ -329,6 +329,7 @@ pub fn supervise(
         });
     }
     let code = wait_all(pid, grace)?;
+    jail::mark("reaped");
     // No child is left; once the last task using the filter is released the listener hangs up.
     let mut fds = [nix::poll::PollFd::new(
         sh.listener.as_fd(),

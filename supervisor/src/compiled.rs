@@ -1,0 +1,298 @@
+//! Compiled profiles, cached. Parsing a profile (`sigmaos` is ~40 KB of TOML) and compiling its
+//! seccomp programs with libseccomp cost more than building the whole jail, and the result
+//! depends only on the profile's text, this program and a few options of the run. So it is kept
+//! in the cache root (`filters/`, hidden from every proc like the rest of the cache): written
+//! atomically, checked on read (a digest of the entry and its full key), and built again when
+//! missing, stale or corrupt. Nothing here is trusted more than the cache root itself, which
+//! only the user who runs the supervisor can write.
+#![forbid(unsafe_code)]
+
+use crate::policy::Policy;
+use anyhow::Context as _;
+use notify::CompiledFilter;
+use sha2::{Digest, Sha256};
+use std::io::Write as _;
+use std::os::unix::fs::DirBuilderExt as _;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+
+/// The options of a run that shape its policy and filter.
+pub struct Options<'a> {
+    /// Builtin name or TOML file.
+    pub profile: &'a str,
+    pub serves: &'a [String],
+    pub audit: bool,
+    /// The proc runs in the σcontainer (else signals are confined by the supervisor).
+    pub jailed: bool,
+    /// Path calls must be notified even without a path rule (`--always-notify`, `--trace`).
+    pub notify_paths: bool,
+}
+
+/// What a run needs: the policy, whether path calls run un-notified, the profile's program
+/// and the jail's guard (jailed runs only).
+pub struct Compiled {
+    pub policy: Policy,
+    pub elide: bool,
+    pub filter: CompiledFilter,
+    pub guard: Option<jail::guard::Guard>,
+    /// Taken from the cache (for `-v`).
+    pub cached: bool,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Entry {
+    key: String,
+    profile: policies::Profile,
+    filter: String,
+    guard: Option<String>,
+}
+
+/// Load `opts.profile` and compile it, from the cache under `root` when an entry for exactly
+/// these inputs is there. A cache that cannot be read or written only costs the compile.
+pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> {
+    let source = policies::source(opts.profile)?;
+    let key = key(opts, &source);
+    let file = root.map(|r| {
+        r.join("filters")
+            .join(format!("{}.json", &digest(&key)[..32]))
+    });
+    if let Some(entry) = file.as_deref().and_then(|f| read(f, &key)) {
+        if let Ok(c) = from_entry(opts, entry) {
+            return Ok(c);
+        }
+    }
+    let profile = source.parse()?;
+    let (policy, elide) = policy_of(opts, profile.clone())?;
+    let filter = policy
+        .filter_spec(elide)
+        .compile()
+        .context("compiling the seccomp filter")?;
+    let guard = if opts.jailed {
+        Some(jail::guard::Guard::new().context("building the jail's seccomp guard")?)
+    } else {
+        None
+    };
+    if let Some(f) = &file {
+        let entry = Entry {
+            key,
+            profile,
+            filter: hex::encode(filter.to_bytes()),
+            guard: guard.as_ref().map(|g| hex::encode(g.program().to_bytes())),
+        };
+        if let Err(e) = write(f, &entry) {
+            tracing::debug!("not caching the compiled profile at {}: {e:#}", f.display());
+        }
+    }
+    Ok(Compiled {
+        policy,
+        elide,
+        filter,
+        guard,
+        cached: false,
+    })
+}
+
+fn policy_of(opts: &Options, profile: policies::Profile) -> anyhow::Result<(Policy, bool)> {
+    let mut policy = Policy::from_profile(profile, opts.serves, opts.audit)?;
+    // In the σcontainer's PID namespace signals reach only the proc's own tree (the kernel's
+    // job); without it the supervisor confines them.
+    policy.set_jailed(opts.jailed);
+    let elide = !opts.notify_paths && !policy.has_path_rules();
+    Ok((policy, elide))
+}
+
+fn from_entry(opts: &Options, entry: Entry) -> anyhow::Result<Compiled> {
+    let (policy, elide) = policy_of(opts, entry.profile)?;
+    let filter = CompiledFilter::from_bytes(&hex::decode(&entry.filter)?)?;
+    let guard = match (&entry.guard, opts.jailed) {
+        (Some(g), true) => Some(jail::guard::Guard::from_program(
+            CompiledFilter::from_bytes(&hex::decode(g)?)?,
+        )),
+        (None, false) => None,
+        _ => anyhow::bail!("guard does not match the key"),
+    };
+    Ok(Compiled {
+        policy,
+        elide,
+        filter,
+        guard,
+        cached: true,
+    })
+}
+
+/// Everything the entry depends on, spelled out (compared in full on read).
+fn key(opts: &Options, source: &policies::Source) -> String {
+    // This very program (a rebuild changes the handlers, the profile format, the guard).
+    let exe = std::fs::metadata("/proc/self/exe")
+        .map(|m| {
+            format!(
+                "{}:{}:{}:{}.{}",
+                m.dev(),
+                m.ino(),
+                m.size(),
+                m.mtime(),
+                m.mtime_nsec()
+            )
+        })
+        .unwrap_or_default();
+    let seccomp = libseccomp::ScmpVersion::current()
+        .map(|v| format!("{}.{}.{}", v.major, v.minor, v.micro))
+        .unwrap_or_default();
+    let text = if source.builtin {
+        "builtin".to_owned()
+    } else {
+        digest(&source.text)
+    };
+    format!(
+        "v1 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} serves={:?} audit={} \
+         jailed={} notify_paths={}",
+        env!("CARGO_PKG_VERSION"),
+        source.file,
+        opts.serves,
+        opts.audit,
+        opts.jailed,
+        opts.notify_paths,
+    )
+}
+
+fn digest(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// The entry at `file` if it is whole (its digest matches) and made for `key`.
+fn read(file: &Path, key: &str) -> Option<Entry> {
+    let data = std::fs::read_to_string(file).ok()?;
+    let (sum, body) = data.split_once('\n')?;
+    if digest(body) != sum {
+        tracing::debug!("compiled-profile cache entry {} is corrupt", file.display());
+        return None;
+    }
+    let entry: Entry = serde_json::from_str(body).ok()?;
+    (entry.key == key).then_some(entry)
+}
+
+/// Write atomically: a temporary file in the same directory, renamed over the entry.
+fn write(file: &Path, entry: &Entry) -> anyhow::Result<()> {
+    let dir = file.parent().context("entry has no directory")?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let body = serde_json::to_string(entry)?;
+    let tmp: PathBuf = dir.join(format!(".{}.tmp", std::process::id()));
+    let mut f = std::fs::File::create(&tmp)?;
+    writeln!(f, "{}", digest(&body))?;
+    f.write_all(body.as_bytes())?;
+    drop(f);
+    std::fs::rename(&tmp, file).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(profile: &str) -> Options<'_> {
+        Options {
+            profile,
+            serves: &[],
+            audit: false,
+            jailed: true,
+            notify_paths: false,
+        }
+    }
+
+    #[test]
+    fn a_cached_entry_gives_the_same_programs_and_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = compile(&opts("sigmaos"), Some(dir.path())).unwrap();
+        assert!(!first.cached);
+        let again = compile(&opts("sigmaos"), Some(dir.path())).unwrap();
+        assert!(again.cached);
+        assert_eq!(first.filter.to_bytes(), again.filter.to_bytes());
+        assert_eq!(
+            first.guard.unwrap().program().to_bytes(),
+            again.guard.unwrap().program().to_bytes()
+        );
+        assert_eq!(first.elide, again.elide);
+        assert_eq!(
+            first.policy.filter_spec(first.elide),
+            again.policy.filter_spec(again.elide)
+        );
+    }
+
+    #[test]
+    fn each_option_has_its_own_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = compile(&opts("sigmaos"), Some(dir.path())).unwrap();
+        let mut o = opts("sigmaos");
+        o.audit = true;
+        let audit = compile(&o, Some(dir.path())).unwrap();
+        assert!(!audit.cached, "a different option is not a hit");
+        assert_ne!(plain.filter.to_bytes(), audit.filter.to_bytes());
+        let mut o = opts("sigmaos");
+        o.jailed = false;
+        let bare = compile(&o, Some(dir.path())).unwrap();
+        assert!(!bare.cached && bare.guard.is_none());
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("filters"))
+                .unwrap()
+                .count(),
+            3
+        );
+    }
+
+    #[test]
+    fn a_corrupt_or_truncated_entry_is_built_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = compile(&opts("sigmaos"), Some(dir.path())).unwrap();
+        let entry = std::fs::read_dir(dir.path().join("filters"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let text = std::fs::read_to_string(&entry).unwrap();
+        // One flipped hex digit of the program: the digest no longer matches.
+        let i = text.find("\"filter\":\"").unwrap() + 20;
+        let mut bytes = text.clone().into_bytes();
+        bytes[i] = if bytes[i] == b'0' { b'1' } else { b'0' };
+        std::fs::write(&entry, &bytes).unwrap();
+        let again = compile(&opts("sigmaos"), Some(dir.path())).unwrap();
+        assert!(!again.cached);
+        assert_eq!(good.filter.to_bytes(), again.filter.to_bytes());
+        std::fs::write(&entry, &text[..text.len() / 2]).unwrap();
+        assert!(!compile(&opts("sigmaos"), Some(dir.path())).unwrap().cached);
+        assert!(compile(&opts("sigmaos"), Some(dir.path())).unwrap().cached);
+    }
+
+    #[test]
+    fn a_profile_file_is_keyed_by_its_contents() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.toml");
+        let text = policies::source("permissive").unwrap().text.into_owned();
+        std::fs::write(&file, &text).unwrap();
+        let name = file.to_str().unwrap();
+        let first = compile(&opts(name), Some(dir.path())).unwrap();
+        assert!(compile(&opts(name), Some(dir.path())).unwrap().cached);
+        // The same file, edited: the old entry is not used.
+        let edited = text.replacen("action = \"allow\"", "action = \"kill\"", 1);
+        assert_ne!(edited, text);
+        std::fs::write(&file, &edited).unwrap();
+        let second = compile(&opts(name), Some(dir.path())).unwrap();
+        assert!(!second.cached);
+        assert_ne!(first.filter.to_bytes(), second.filter.to_bytes());
+        // A broken file is an error, cached entries notwithstanding.
+        std::fs::write(&file, "name = ").unwrap();
+        let err = compile(&opts(name), Some(dir.path())).err().unwrap();
+        assert!(err.to_string().contains("p.toml"), "{err}");
+    }
+
+    #[test]
+    fn no_cache_root_still_compiles() {
+        let c = compile(&opts("sigmaos"), None).unwrap();
+        assert!(!c.cached && c.guard.is_some());
+    }
+}
