@@ -303,7 +303,7 @@ pub fn mark(label: &str) {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if *ON.get_or_init(|| std::env::var_os("SIGMA_SUPERVISE_TIMELINE").is_some()) {
         let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-            .map(|t| t.tv_sec() as i64 * 1_000_000 + t.tv_nsec() as i64 / 1000)
+            .map(|t| t.tv_sec() * 1_000_000 + t.tv_nsec() / 1000)
             .unwrap_or(0);
         let line = format!("timeline {} {label} {t}\n", std::process::id());
         let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
