@@ -6,14 +6,22 @@
 //! only make system calls, in the order the kernel requires:
 //!
 //! ```text
-//! supervisor ── clone(NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS) ──▶ init (pid 1)
-//!     writes uid_map/gid_map                 │ clones the bind sources (open_tree), mounts a
+//! supervisor ── clone(NEWUSER|NEWNS|NEWPID|NEWIPC|NEWUTS|NEWCGROUP) ──▶ init (pid 1)
+//!     writes uid_map/gid_map                 │ takes the proc's ids, forks the target, then
+//!                                            │ clones the bind sources (open_tree), mounts a
 //!                                            │ tmpfs root, attaches binds, /dev, /proc, /tmp,
-//!                                            │ curated /etc, hides, pivot_root, loopback up
+//!                                            │ curated /etc, hides, pivot_root, joins the
+//!                                            │ target's network namespace, "world ready"
 //!                                            └─ fork ──▶ target (pid 2)
-//!                                                 rlimits → capabilities dropped (all five sets)
-//!                                                 → no_new_privs → Landlock → seccomp → execve
+//!                                                 meanwhile: new network namespace, loopback up;
+//!                                                 on "world ready": rlimits → capabilities
+//!                                                 dropped (all five sets) → no_new_privs →
+//!                                                 Landlock → seccomp → execve
 //! ```
+//!
+//! The two halves run at once where there is a second CPU (a network namespace costs about as
+//! much as the root's ~50 mount operations); pivot_root moves the waiting target into the new
+//! root with init.
 //!
 //! [`world`] builds the root (in init), [`shed`] drops privilege (in the target), [`init`] is
 //! pid 1's loop (reap, forward signals, end the proc when its program ends), [`limits`] the
@@ -217,18 +225,15 @@ pub enum JailError {
     NoUserns { why: String },
 }
 
-/// The namespaces a jail clones into.
-pub fn clone_flags(spec: &JailSpec) -> i32 {
-    let mut f = libc::CLONE_NEWUSER
+/// The namespaces a jail clones into. The network namespace is not among them: the target
+/// makes it while init builds the root ([`world::private_net`]), and init joins it.
+pub fn clone_flags(_spec: &JailSpec) -> i32 {
+    libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWCGROUP;
-    if spec.net == Net::Loopback {
-        f |= libc::CLONE_NEWNET;
-    }
-    f
+        | libc::CLONE_NEWCGROUP
 }
 
 /// Fork into the jail's namespaces: returns 0 in the child (pid 1 of the new pid namespace, all

@@ -264,3 +264,12 @@ pub fn landlock_abi() -> i64 {
     };
     r.max(0)
 }
+
+/// pidfd_open(2).
+pub fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
+    // SAFETY: pidfd_open takes integer arguments only.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = Errno::result(fd)?;
+    // SAFETY: on success pidfd_open returns a new fd that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}

@@ -383,8 +383,8 @@ impl Child {
     /// until the notification thread reads it, so the supervisor releases the child first and
     /// starts its threads while the program loads.
     pub fn release(&mut self) {
-        jail::mark("go");
         if let Some(go) = self.go_tx.take() {
+            jail::mark("go");
             let _ = nix::unistd::write(&go, b"g");
         }
     }
@@ -592,7 +592,16 @@ fn wait_byte(fd: &OwnedFd) -> bool {
     }
 }
 
-/// The target inside the jail (pid 2): shed privilege, filter, hand the listener over, exec.
+/// The target's end of the start-up handshake with init.
+struct WithInit {
+    /// "network ready" (our network namespace exists; init joins it).
+    net_tx: OwnedFd,
+    /// "world ready" (the root is built and we are in it).
+    world_rx: OwnedFd,
+}
+
+/// The target inside the jail (pid 2): its network namespace while init builds the root, then
+/// shed privilege, filter, hand the listener over, exec.
 fn jailed_target(
     p: &Prepared,
     plan: &jail::Plan,
@@ -600,13 +609,31 @@ fn jailed_target(
     go_rx: &OwnedFd,
     exec_tx: &OwnedFd,
     old_mask: &SigSet,
+    init: WithInit,
 ) -> ! {
     let _ = old_mask.thread_set_mask();
     sys::default_disposition(Signal::SIGPIPE);
     let _ = sys::set_parent_death_kill();
-    // The supervisor takes our listener with pidfd_getfd, which needs us dumpable (execve
-    // decides afresh for the program).
+    if let Err(e) = jail::world::identity(plan) {
+        jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
+        sys::exit_child(125)
+    }
+    // The supervisor takes our listener with pidfd_getfd, and init our network namespace with
+    // setns: both need us dumpable (after the change of ids, which resets it; execve decides
+    // afresh for the program).
     let _ = nix::sys::prctl::set_dumpable(true);
+    if let Err(e) = jail::world::private_net(plan) {
+        jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
+        sys::exit_child(125)
+    }
+    let _ = nix::unistd::write(&init.net_tx, b"n");
+    drop(init.net_tx);
+    // EOF: init failed (and said why) or died.
+    if !wait_byte(&init.world_rx) {
+        sys::exit_child(125)
+    }
+    drop(init.world_rx);
+    jail::mark("world-seen");
     if let Err(e) = jail::shed::shed(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
         sys::exit_child(125)
@@ -630,6 +657,7 @@ fn jailed_target(
     if !wait_byte(go_rx) {
         sys::exit_child(125)
     }
+    jail::mark("released");
     drop(listener);
     let e = sys::execve(&p.path, &p.argv_ptrs, &p.envp_ptrs);
     send(exec_tx, STAGE_EXEC, e as i32);
@@ -688,19 +716,47 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         let _ = nix::sys::prctl::set_dumpable(false);
         drop(maps_rx);
         jail::mark("init-maps");
-        if let Err(e) = jail::world::build(&plan) {
+        let fail = |e: jail::StageError| -> ! {
             jsend(&status_tx, J_JAIL_STAGE, e.step, e.detail, e.errno);
             sys::exit_child(125)
-        }
-        jail::mark("world");
+        };
+        let pipes = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .and_then(|n| Ok((n, nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)));
+        let ((net_rx, net_tx), (world_rx, world_tx)) = match pipes {
+            Ok(p) => p,
+            Err(e) => {
+                jsend(&status_tx, J_STAGE, STAGE_EXEC, 0, e as i32);
+                sys::exit_child(125)
+            }
+        };
+        // The target makes its network namespace while we build the root (see jail's docs).
         let target = match sys::fork() {
-            Ok(0) => jailed_target(&p, &plan, &status_tx, &go_rx, &exec_tx, &old_mask),
+            Ok(0) => {
+                drop(net_rx);
+                drop(world_tx);
+                let init = WithInit { net_tx, world_rx };
+                jailed_target(&p, &plan, &status_tx, &go_rx, &exec_tx, &old_mask, init)
+            }
             Ok(t) => t,
             Err(e) => {
                 jsend(&status_tx, J_STAGE, STAGE_EXEC, 0, e as i32);
                 sys::exit_child(125)
             }
         };
+        drop(net_tx);
+        drop(world_rx);
+        if let Err(e) = jail::world::build(&plan) {
+            fail(e)
+        }
+        jail::mark("world");
+        // EOF: the target failed (and said why) or died.
+        if !wait_byte(&net_rx) {
+            sys::exit_child(125)
+        }
+        if let Err(e) = jail::world::join_net(&plan, target) {
+            fail(e)
+        }
+        let _ = nix::unistd::write(&world_tx, b"w");
         // init keeps nothing of the target's: no pipe, no inherited socket.
         jail::close_fds_from(3);
         jail::init::run(target, &handled_signals(), grace)
