@@ -162,6 +162,17 @@ pub const OPEN_WRITE_BITS: [u64; 4] = [
     libc::O_TRUNC as u64,
 ];
 
+impl Writes {
+    /// Whether a call with these registers may write (openat2: its flags are in memory).
+    pub fn may_write(self, args: &[u64; 6]) -> bool {
+        match self {
+            Writes::No => false,
+            Writes::Open { flags } => args.get(flags).is_some_and(|&f| open_writes(f)),
+            _ => true,
+        }
+    }
+}
+
 /// Whether open flags ask to write (see [`OPEN_WRITE_BITS`]).
 pub fn open_writes(flags: u64) -> bool {
     OPEN_WRITE_BITS.iter().any(|b| flags & b != 0)
@@ -547,6 +558,7 @@ pub fn path_call(
     let mut serve: Option<(usize, PathBuf, &PathArg)> = None;
     // The last path argument, resolved: the one a writing call writes (for the hint).
     let mut last_abs: Option<PathBuf> = None;
+    let keep_last = sh.hints.is_some() && spec.writes.may_write(&n.args);
     for (i, arg) in spec.paths.iter().enumerate() {
         if arg.null_is_fd && n.args[arg.path] == 0 {
             // The call is on an fd the target already holds: nothing to decide.
@@ -588,7 +600,7 @@ pub fn path_call(
         if info.path.is_none() && sh.timing {
             info.path = Some(abs.clone());
         }
-        if sh.hints.is_some() && i + 1 == spec.paths.len() {
+        if keep_last && i + 1 == spec.paths.len() {
             last_abs = Some(abs.clone());
         }
         match decision {
