@@ -164,6 +164,8 @@ pub struct JailMap {
     shown: Vec<Shown>,
     /// Host paths that are the supervisor's (cache, buckets, scratch): never suggested.
     hides: Vec<PathBuf>,
+    /// Jail directories the supervisor fills (served prefixes).
+    served: Vec<PathBuf>,
 }
 
 impl JailMap {
@@ -192,12 +194,26 @@ impl JailMap {
         JailMap {
             shown,
             hides: spec.hides.clone(),
+            served: spec.dirs.clone(),
         }
     }
 
     /// For the read-only jail directory `dir`: the key it is hinted once under (the host
     /// directory, or the jail path for the system view) and the hint.
     fn hint(&self, dir: &Path) -> (PathBuf, String) {
+        let supervisors = || {
+            (
+                dir.to_path_buf(),
+                format!(
+                    "{} is read-only in the jail: the supervisor serves it (realm libraries, \
+                     --serve) and no flag makes it writable",
+                    shown(dir)
+                ),
+            )
+        };
+        if self.served.iter().any(|p| dir.starts_with(p)) {
+            return supervisors();
+        }
         let system = || {
             (
                 dir.to_path_buf(),
@@ -223,7 +239,7 @@ impl JailMap {
             s.src.join(rest)
         };
         if self.hides.iter().any(|h| host.starts_with(h)) {
-            return system();
+            return supervisors();
         }
         let line = match s.origin {
             Origin::System => return system(),
@@ -441,6 +457,7 @@ mod tests {
         spec.binds
             .push(jail::Bind::ro("/var/cache/sigma/r/lib").at("/sigma/lib"));
         spec.hides.push("/var/cache/sigma".into());
+        spec.dirs.push("/srv/served".into());
         spec.workdir = Some("/home/u/work".into());
         JailMap::new(&spec, true, &[PathBuf::from("/data")])
     }
@@ -466,19 +483,22 @@ mod tests {
             "/srv/data/x (at /data/x in the jail) is read-only in the jail: --bind-rw \
              /srv/data/x:/data/x makes it writable"
         );
-        for system in [
-            "/usr/lib/python3",
-            "/",
-            "/etc",
-            "/sigma/lib/numpy",
-            "/proc/sys/kernel",
-        ] {
+        for system in ["/usr/lib/python3", "/", "/etc", "/proc/sys/kernel"] {
             let (key, line) = hint(system);
             assert_eq!(key, Path::new(system));
             assert_eq!(
                 line,
                 format!(
                     "{system} is read-only in the jail: it is part of the read-only system view"
+                )
+            );
+        }
+        for served in ["/sigma/lib/numpy", "/srv/served/x"] {
+            assert_eq!(
+                hint(served).1,
+                format!(
+                    "{served} is read-only in the jail: the supervisor serves it (realm \
+                     libraries, --serve) and no flag makes it writable"
                 )
             );
         }
