@@ -145,8 +145,7 @@ fn a_write_into_a_read_only_working_directory_fails_as_bare_and_names_the_flag()
         // The proc sees what it would see bare: the same exception, last line of its traceback.
         let last_python_line = err
             .lines()
-            .filter(|l| !l.starts_with("sigma-supervise") && !l.starts_with("  "))
-            .last()
+            .rfind(|l| !l.starts_with("sigma-supervise") && !l.starts_with("  "))
             .unwrap_or_default();
         assert_eq!(last_python_line, EROFS, "[{who:?}] {err}");
         assert!(!dir.path().join("x").exists(), "[{who:?}] x was created");
