@@ -80,6 +80,12 @@ const SYSTEM_DIRS: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/sys",
 ];
 
+/// Whether jail path `p` lies in the standard read-only system view: the system dirs above or
+/// the curated `/etc`.
+pub fn is_system_path(p: &Path) -> bool {
+    p.starts_with("/etc") || SYSTEM_DIRS.iter().any(|d| p.starts_with(d))
+}
+
 fn home() -> Option<PathBuf> {
     std::env::var_os("HOME").map(PathBuf::from)
 }

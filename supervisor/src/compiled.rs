@@ -26,6 +26,8 @@ pub struct Options<'a> {
     pub jailed: bool,
     /// Path calls must be notified even without a path rule (`--always-notify`, `--trace`).
     pub notify_paths: bool,
+    /// Calls that write are notified so a refusal as read-only can be explained.
+    pub read_only_hints: bool,
 }
 
 /// What a run needs: the policy, whether path calls run un-notified, the profile's program
@@ -97,6 +99,7 @@ fn policy_of(opts: &Options, profile: policies::Profile) -> anyhow::Result<(Poli
     // In the σcontainer's PID namespace signals reach only the proc's own tree (the kernel's
     // job); without it the supervisor confines them.
     policy.set_jailed(opts.jailed);
+    policy.set_read_only_hints(opts.read_only_hints);
     let elide = !opts.notify_paths && !policy.has_path_rules();
     Ok((policy, elide))
 }
@@ -145,13 +148,14 @@ fn key(opts: &Options, source: &policies::Source) -> String {
     };
     format!(
         "v1 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} serves={:?} audit={} \
-         jailed={} notify_paths={}",
+         jailed={} notify_paths={} read_only_hints={}",
         env!("CARGO_PKG_VERSION"),
         source.file,
         opts.serves,
         opts.audit,
         opts.jailed,
         opts.notify_paths,
+        opts.read_only_hints,
     )
 }
 
@@ -201,6 +205,7 @@ mod tests {
             audit: false,
             jailed: true,
             notify_paths: false,
+            read_only_hints: false,
         }
     }
 

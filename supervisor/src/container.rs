@@ -93,11 +93,13 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{s}`: a size of at least 1M, like 512M or 2G"))
 }
 
+/// `SRC[:DST]` split; DST defaults to SRC.
+fn split_bind(s: &str) -> (&str, &str) {
+    s.split_once(':').unwrap_or((s, s))
+}
+
 fn parse_bind(s: &str, rw: bool) -> anyhow::Result<jail::Bind> {
-    let (src, dst) = match s.split_once(':') {
-        Some((a, b)) => (a, b),
-        None => (s, s),
-    };
+    let (src, dst) = split_bind(s);
     let src = std::fs::canonicalize(src)
         .with_context(|| format!("--bind{} {s}: source", if rw { "-rw" } else { "" }))?;
     let dst = PathBuf::from(dst);
@@ -120,6 +122,14 @@ fn file_url_dir(url: &str) -> Option<PathBuf> {
 }
 
 impl JailOpts {
+    /// Where the user's read-only `--bind`s are shown in the jail.
+    pub fn bind_dsts(&self) -> Vec<PathBuf> {
+        self.bind
+            .iter()
+            .map(|b| PathBuf::from(split_bind(b).1))
+            .collect()
+    }
+
     /// The jail for this run, or `None` with `--no-jail` (after a warning).
     pub fn spec(
         &self,

@@ -13,6 +13,7 @@ mod handlers;
 mod lazyfs;
 mod policy;
 mod publish;
+mod readonly;
 mod realm;
 mod serve;
 mod sigma_api;
@@ -32,8 +33,9 @@ use std::process::ExitCode;
 /// an unprivileged uid with no capabilities, in a fresh root that shows read-only /usr, /lib*,
 /// /bin, a curated /etc, the interpreter's prefix and the script's directory, the working
 /// directory read-write (--cwd ro|none), a private /tmp, a minimal /dev and its own /proc. The
-/// supervisor's cache, buckets and state are never visible. --bind/--bind-rw add host paths.
-/// Landlock and the seccomp list are further layers. A PROGRAM that collides with a subcommand
+/// supervisor's cache, buckets and state are never visible. --bind/--bind-rw add host paths;
+/// with --trace or --stats, a write refused because the jail shows a directory read-only gets a
+/// one-line hint naming the flag that makes it writable. Landlock and the seccomp list are further layers. A PROGRAM that collides with a subcommand
 /// name (`publish`) can be given after `--`.
 #[derive(Debug, Parser)]
 #[command(
@@ -65,11 +67,14 @@ pub struct Cli {
     #[arg(long = "serve", value_name = "PREFIX=DIR", value_parser = parse_serve)]
     pub serve: Vec<String>,
 
-    /// One line per notified call (pid, syscall, path, decision, µs) to FILE, or stderr.
+    /// One line per notified call (pid, syscall, path, decision, µs) to FILE, or stderr. A write
+    /// the jail refuses as read-only is `continue(read-only in the jail)`, with a hint on stderr.
     #[arg(long, value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = "-")]
     pub trace: Option<PathBuf>,
 
     /// Print counts per syscall and decision, the time spent deciding, and wall time, at exit.
+    /// In the jail, writes refused as read-only are counted (`read-only`) and hinted, once per
+    /// directory: for that alone only the calls that write are notified, never a read.
     #[arg(long)]
     pub stats: bool,
 
@@ -230,6 +235,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         .cache_dir
         .clone()
         .unwrap_or_else(fetcher::cache::default_cache_root);
+    // Tracing or counting in the jail: writes it refuses as read-only are explained.
+    let hints = !cli.jail.no_jail && (trace.is_some() || cli.stats);
     let compiled::Compiled {
         policy,
         elide,
@@ -243,6 +250,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             audit: cli.audit,
             jailed: !cli.jail.no_jail,
             notify_paths: cli.always_notify || trace.is_some(),
+            read_only_hints: hints,
         },
         Some(&cache_root),
     )?;
@@ -256,6 +264,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     };
     if elide {
         tracing::info!("no path rule and no --trace: path calls run without notification");
+        if hints {
+            tracing::info!("--stats: calls that write stay notified for the read-only hint");
+        }
     }
     let mut api = sigma_api::SigmaApi::from_opts(
         &cli.sigma,
@@ -295,6 +306,14 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         }
         prepared.hide_also(&r.root)?;
     }
+    let hints = prepared.jail().filter(|_| hints).map(|spec| {
+        let map = readonly::JailMap::new(
+            spec,
+            cli.jail.cwd == container::CwdArg::Ro,
+            &cli.jail.bind_dsts(),
+        );
+        readonly::Hints::new(map)
+    });
     let mut child = spawn::spawn(prepared)?;
     // Our memory holds credentials and our /proc files lead to the host: not dumpable, so no
     // process of the user's (a proc included) can read or ptrace them. (Only now: the jail's
@@ -322,6 +341,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         !cli.no_sync_wakeup,
         resolver,
         cli.grace,
+        hints,
     )?;
     api.finish(status, cli.stats, cli.sigma.require_started)
 }

@@ -16,6 +16,9 @@ pub struct Policy {
     /// signalling calls the profile lets through are notified and confined to the proc's tree
     /// ([`crate::handlers::signal`]).
     jailed: bool,
+    /// Whether writes are explained when the jail refuses them as read-only
+    /// ([`crate::readonly`]): with elided path calls, the writing ones stay notified.
+    read_only_hints: bool,
 }
 
 /// A decision for one resolved path.
@@ -39,6 +42,30 @@ pub enum Kind {
     Socket(crate::handlers::socket::SocketCall),
     /// Outside the allow-list: the profile's errno, logged once per name.
     Refused(i32),
+}
+
+/// The rules that notify an open only when its flags (argument `arg`) ask to write: allowed
+/// when none of [`crate::handlers::OPEN_WRITE_BITS`] is set, notified when any one is. The two
+/// sets never overlap, so the order of the rules does not matter.
+fn open_write_rules(name: &str, arg: u32) -> Vec<notify::SyscallRule> {
+    use crate::handlers::OPEN_WRITE_BITS;
+    let mask = OPEN_WRITE_BITS.iter().fold(0, |m, b| m | b);
+    let rule = |action, mask, value| notify::SyscallRule {
+        name: name.to_owned(),
+        action,
+        when: vec![notify::ArgCmp {
+            arg,
+            op: notify::CmpOp::MaskedEq(mask),
+            value,
+        }],
+    };
+    let mut rules = vec![rule(notify::Action::Allow, mask, 0)];
+    rules.extend(
+        OPEN_WRITE_BITS
+            .iter()
+            .map(|&b| rule(notify::Action::Notify, b, b)),
+    );
+    rules
 }
 
 impl Policy {
@@ -86,7 +113,13 @@ impl Policy {
             served,
             denied,
             jailed: true,
+            read_only_hints: false,
         })
+    }
+
+    /// Explain writes the jail refuses as read-only (`--trace`, `--stats`). Default: false.
+    pub fn set_read_only_hints(&mut self, on: bool) {
+        self.read_only_hints = on;
     }
 
     /// Whether the target gets its own PID namespace (the σcontainer). Default: true.
@@ -128,23 +161,58 @@ impl Policy {
     /// path decision is statically `Continue`, so the notified path calls are allowed in the
     /// kernel instead: the same outcome without a round trip per call. Unlisted syscalls keep the
     /// profile's default (still notified and logged when the profile logs them).
+    ///
+    /// With read-only hints, elision spares the calls that write: they stay notified, and
+    /// open/openat only when their flags ask to write (a masked comparison per flag bit in the
+    /// filter), so reads still never reach the supervisor. openat2's flags are in memory the
+    /// filter cannot see: it is elided.
     pub fn filter_spec(&self, elide_paths: bool) -> notify::FilterSpec {
         let mut spec = self.profile.filter_spec();
         if elide_paths {
+            let writes = |n: &str| {
+                crate::handlers::SPECS
+                    .iter()
+                    .find(|s| s.name == n)
+                    .map_or(crate::handlers::Writes::No, |s| s.writes)
+            };
+            // Open calls whose profile rule is one plain notify: notified by their flags.
+            let mut by_flags: Vec<(String, u32)> = Vec::new();
             // A call whose handler checks its arguments (mknod: FIFOs and files only) stays
             // notified: the check is not a path decision.
-            let notified: Vec<String> = self
-                .profile
-                .notified_syscalls()
-                .into_iter()
-                .filter(|n| {
-                    !crate::handlers::SPECS
-                        .iter()
-                        .any(|s| s.name == n && s.check.is_some())
-                })
-                // Without a jail, abstract socket names need their decision (see socket.rs).
-                .filter(|n| self.jailed || !matches!(n.as_str(), "bind" | "connect"))
-                .collect();
+            let notified: Vec<String> =
+                self.profile
+                    .notified_syscalls()
+                    .into_iter()
+                    .filter(|n| {
+                        !crate::handlers::SPECS
+                            .iter()
+                            .any(|s| s.name == n && s.check.is_some())
+                    })
+                    // Without a jail, abstract socket names need their decision (see socket.rs).
+                    .filter(|n| self.jailed || !matches!(n.as_str(), "bind" | "connect"))
+                    .filter(|n| {
+                        if !self.read_only_hints {
+                            return true;
+                        }
+                        match writes(n) {
+                            crate::handlers::Writes::No | crate::handlers::Writes::OpenHow => true,
+                            crate::handlers::Writes::Open { flags } => {
+                                let plain = spec.rules.iter().filter(|r| r.name == *n).all(|r| {
+                                    r.action == notify::Action::Notify && r.when.is_empty()
+                                });
+                                match u32::try_from(flags) {
+                                    Ok(arg) if plain => {
+                                        by_flags.push((n.clone(), arg));
+                                        true
+                                    }
+                                    // Conditions of the profile's own: no room for ours.
+                                    _ => true,
+                                }
+                            }
+                            _ => false,
+                        }
+                    })
+                    .collect();
             spec.rules.retain(|r| !notified.contains(&r.name));
             spec.rules
                 .extend(notified.into_iter().map(|name| notify::SyscallRule {
@@ -152,6 +220,10 @@ impl Policy {
                     action: notify::Action::Allow,
                     when: Vec::new(),
                 }));
+            for (name, arg) in by_flags {
+                spec.rules.retain(|r| r.name != name);
+                spec.rules.extend(open_write_rules(&name, arg));
+            }
             if spec.default == notify::Action::Allow {
                 spec.rules.retain(|r| r.action != notify::Action::Allow);
             }
@@ -314,6 +386,70 @@ mod tests {
         assert_eq!(audit.filter_spec(false).default, Action::Notify);
         let (kinds, _) = audit.kinds(stats_max()).unwrap();
         assert!(matches!(kinds[ptrace], Some(Kind::Refused(libc::EPERM))));
+    }
+
+    #[test]
+    fn read_only_hints_keep_writes_notified_and_reads_elided() {
+        use notify::{ArgCmp, CmpOp};
+        for profile in ["sigmaos", "sigmaos-strict", "permissive"] {
+            let mut p = Policy::load(profile, &[], false).unwrap();
+            p.set_read_only_hints(true);
+            let spec = p.filter_spec(true);
+            spec.compile().unwrap_or_else(|e| panic!("{profile}: {e}"));
+            let notified = p.profile.notified_syscalls();
+            for name in [
+                "newfstatat",
+                "statx",
+                "access",
+                "readlink",
+                "execve",
+                "openat2",
+            ] {
+                if notified.iter().any(|n| n == name) {
+                    assert_eq!(action(&spec, name), Action::Allow, "{profile} {name}");
+                }
+            }
+            for name in ["mkdir", "mkdirat", "unlink", "rename", "chmod", "truncate"] {
+                if notified.iter().any(|n| n == name) {
+                    assert_eq!(action(&spec, name), Action::Notify, "{profile} {name}");
+                }
+            }
+            // openat: allowed when no write bit is set, notified when any one is.
+            let rules: Vec<_> = spec.rules.iter().filter(|r| r.name == "openat").collect();
+            let cmp = |mask: u64, value: u64| {
+                vec![ArgCmp {
+                    arg: 2,
+                    op: CmpOp::MaskedEq(mask),
+                    value,
+                }]
+            };
+            let all = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
+            let allow = rules.iter().filter(|r| r.action == Action::Allow).count();
+            if spec.default != Action::Allow {
+                assert!(
+                    rules
+                        .iter()
+                        .any(|r| r.action == Action::Allow && r.when == cmp(all, 0)),
+                    "{profile}: {rules:?}"
+                );
+            }
+            for bit in [libc::O_WRONLY, libc::O_RDWR, libc::O_CREAT, libc::O_TRUNC] {
+                let bit = bit as u64;
+                assert!(
+                    rules
+                        .iter()
+                        .any(|r| r.action == Action::Notify && r.when == cmp(bit, bit)),
+                    "{profile}: {rules:?}"
+                );
+            }
+            assert_eq!(rules.len(), 4 + allow, "{profile}: {rules:?}");
+        }
+        // Without hints nothing changes: every path call runs in the kernel.
+        let p = Policy::load("sigmaos", &[], false).unwrap();
+        let spec = p.filter_spec(true);
+        for name in ["openat", "mkdir", "unlink"] {
+            assert_eq!(action(&spec, name), Action::Allow, "{name}");
+        }
     }
 
     fn stats_max() -> usize {

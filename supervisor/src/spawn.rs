@@ -276,6 +276,11 @@ impl Prepared {
         Ok(())
     }
 
+    /// The σcontainer the target will run in, as it stands (`None` with `--no-jail`).
+    pub fn jail(&self) -> Option<&jail::JailSpec> {
+        self.jail.as_ref()
+    }
+
     /// Show `src` to the target at `target` (an existing directory), read-only, nosuid, nodev:
     /// the kernel answers every call under it, nothing is notified. Made before the hides, so
     /// hiding a directory that contains `src` does not hide the bind.

@@ -22,10 +22,13 @@ pub enum Decision {
     Refused(i32),
     /// The call failed before a decision (bad pointer, target gone...).
     Error(i32),
+    /// Continued, and the kernel will refuse it with EROFS: it writes where the jail shows a
+    /// read-only directory (see `readonly.rs`).
+    ReadOnly,
 }
 
 impl Decision {
-    const KINDS: [&'static str; 5] = ["continue", "deny", "serve", "refused", "error"];
+    const KINDS: [&'static str; 6] = ["continue", "deny", "serve", "refused", "error", "read-only"];
     fn kind(self) -> usize {
         match self {
             Decision::Continue => 0,
@@ -33,6 +36,7 @@ impl Decision {
             Decision::Serve(_) => 2,
             Decision::Refused(_) => 3,
             Decision::Error(_) => 4,
+            Decision::ReadOnly => 5,
         }
     }
 }
@@ -51,6 +55,7 @@ impl std::fmt::Display for Decision {
             Decision::Serve(Some(e)) => write!(f, "serve({})", errno_name(e)),
             Decision::Refused(e) => write!(f, "refused({})", errno_name(e)),
             Decision::Error(e) => write!(f, "error({})", errno_name(e)),
+            Decision::ReadOnly => f.write_str("continue(read-only in the jail)"),
         }
     }
 }
@@ -58,7 +63,7 @@ impl std::fmt::Display for Decision {
 pub const MAX_SYSCALL: usize = 512;
 
 pub struct Stats {
-    counts: Vec<[AtomicU64; 5]>,
+    counts: Vec<[AtomicU64; Decision::KINDS.len()]>,
     nanos: AtomicU64,
     total: AtomicU64,
 }
@@ -180,6 +185,10 @@ mod tests {
             "serve(ENOENT)"
         );
         assert_eq!(Decision::Refused(libc::EPERM).to_string(), "refused(EPERM)");
+        assert_eq!(
+            Decision::ReadOnly.to_string(),
+            "continue(read-only in the jail)"
+        );
     }
 
     #[test]

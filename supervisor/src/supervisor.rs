@@ -46,6 +46,9 @@ pub struct Shared {
     pub timing: bool,
     /// Whether path calls need their paths read (some path rule exists, or --trace).
     pub read_paths: bool,
+    /// Read-only hints (with --trace or --stats in the jail): writes the kernel will refuse
+    /// because the jail shows their directory read-only are named.
+    pub hints: Option<crate::readonly::Hints>,
     /// The proc's process tree (signals without a jail are confined to it).
     tree: Tree,
     /// Abstract socket names the proc bound (without a jail, the only ones it may connect to).
@@ -278,6 +281,7 @@ pub fn supervise(
     sync_wakeup: bool,
     resolver: Box<dyn Resolver>,
     grace: Duration,
+    hints: Option<crate::readonly::Hints>,
 ) -> Result<u8, Failure> {
     let started = Instant::now();
     let (kinds, warnings) = policy.kinds(MAX_SYSCALL)?;
@@ -306,6 +310,7 @@ pub fn supervise(
         stats: Stats::new(),
         timing: want_stats || trace.is_some(),
         trace,
+        hints,
         tree: Tree {
             root: child.pid,
             supervisor: std::process::id() as i32,
@@ -347,6 +352,9 @@ pub fn supervise(
     }
     if want_stats {
         eprint!("{}", sh.stats.report(started.elapsed()));
+        if let Some(h) = &sh.hints {
+            eprint!("{}", h.report());
+        }
         if let Some(r) = sh.resolver.report() {
             eprint!("{r}");
         }

@@ -231,6 +231,14 @@ fn corpus_unprivileged_matches_bare_with_every_path_call_decided() {
 }
 
 #[test]
+fn corpus_matches_bare_with_read_only_writes_explained() {
+    // --stats keeps the calls that write notified for the read-only hint, --trace every path
+    // call: the hint only explains, it changes no outcome.
+    assert_same(As::root(), &["--stats"]);
+    assert_same(As::nobody(), &["--trace=/dev/null"]);
+}
+
+#[test]
 fn the_strict_profile_is_what_the_corpus_needed_additions_for() {
     // Under σOS's list to the letter most everyday programs break; this is what the
     // additions of the default profile are for. (It also shows the corpus can tell.)

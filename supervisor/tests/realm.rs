@@ -285,12 +285,23 @@ print(os.path.exists({root:?}) and os.listdir({root:?}))
         err.contains("realm r1 (") && err.contains("all 2 packages installed"),
         "{err}"
     );
+    // No read is notified; only the refused write is (--stats keeps writes notified for its
+    // read-only hint), and hinted.
     for call in ["openat", "newfstatat", "statx"] {
         assert!(
-            !err.lines().any(|l| l.trim_start().starts_with(call)),
+            !err.lines()
+                .any(|l| l.trim_start().starts_with(call) && l != "  openat read-only 1"),
             "{call} was notified:\n{err}"
         );
     }
+    assert!(
+        err.lines().any(|l| l
+            == format!(
+                "sigma-supervise: {PREFIX}/demo_a is read-only in the jail: the supervisor \
+                 serves it (realm libraries, --serve) and no flag makes it writable"
+            )),
+        "{err}"
+    );
     assert!(!r.lib().join("demo_a/new.py").exists());
 }
 

@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 
 use super::stat::open_path;
-use super::{Follow, PathArg, Reply, ServeCall, Spec};
+use super::{Follow, PathArg, Reply, ServeCall, Spec, Writes};
 use nix::errno::Errno;
 use nix::fcntl::AtFlags;
 use nix::unistd::AccessFlags;
@@ -14,18 +14,21 @@ pub const ACCESS: Spec = Spec {
     paths: &[PathArg::cwd(0, Follow::Yes)],
     serve: serve_access,
     check: None,
+    writes: Writes::No,
 };
 pub const FACCESSAT: Spec = Spec {
     name: "faccessat",
     paths: &[PathArg::at(0, 1, Follow::Yes)],
     serve: serve_faccessat,
     check: None,
+    writes: Writes::No,
 };
 pub const FACCESSAT2: Spec = Spec {
     name: "faccessat2",
     paths: &[PathArg::at(0, 1, Follow::UnlessAtFlag(3)).empty_ok(3)],
     serve: serve_faccessat,
     check: None,
+    writes: Writes::No,
 };
 
 fn check(call: &ServeCall<'_>, mode: u64) -> Result<Reply, Errno> {

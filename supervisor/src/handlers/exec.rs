@@ -5,17 +5,19 @@
 //! run through an interpreter that opens them (`python3 /prefix/script.py`), which is served.
 #![forbid(unsafe_code)]
 
-use super::{refuse_unsupported, Follow, PathArg, Spec};
+use super::{refuse_unsupported, Follow, PathArg, Spec, Writes};
 
 pub const EXECVE: Spec = Spec {
     name: "execve",
     paths: &[PathArg::cwd(0, Follow::Yes)],
     serve: refuse_unsupported,
     check: None,
+    writes: Writes::No,
 };
 pub const EXECVEAT: Spec = Spec {
     name: "execveat",
     paths: &[PathArg::at(0, 1, Follow::UnlessAtFlag(4)).empty_ok(4)],
     serve: refuse_unsupported,
     check: None,
+    writes: Writes::No,
 };

@@ -2,17 +2,19 @@
 //! such as `os.makedirs(exist_ok=True)` look for) and anything else EROFS.
 #![forbid(unsafe_code)]
 
-use super::{refuse_write, Follow, PathArg, Spec};
+use super::{refuse_write, Follow, PathArg, Spec, Writes};
 
 pub const MKDIR: Spec = Spec {
     name: "mkdir",
     paths: &[PathArg::cwd(0, Follow::No).creates()],
     serve: refuse_write,
     check: None,
+    writes: Writes::Creates,
 };
 pub const MKDIRAT: Spec = Spec {
     name: "mkdirat",
     paths: &[PathArg::at(0, 1, Follow::No).creates()],
     serve: refuse_write,
     check: None,
+    writes: Writes::Creates,
 };

@@ -128,6 +128,54 @@ pub struct Spec {
     pub serve: ServeFn,
     /// Refuse the call outright unless its arguments pass.
     pub check: Option<ArgsCheck>,
+    /// How the call writes to the file system through its last path argument (for the
+    /// read-only hint, [`crate::readonly`]); never part of a decision.
+    pub writes: Writes,
+}
+
+/// What a path call writes, judged from its registers (and, for openat2, its `open_how`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writes {
+    /// Reads, queries, exec, chdir: nothing is written.
+    No,
+    /// open-style flags in argument `flags`: a write when [`open_writes`] says so.
+    Open { flags: usize },
+    /// openat2: the flags are in the `open_how` that argument 2 points to.
+    OpenHow,
+    /// creat: `O_CREAT | O_WRONLY | O_TRUNC`.
+    Creat,
+    /// Makes a new entry (mkdir, mknod, symlink, link): an existing one is EEXIST instead.
+    Creates,
+    /// Removes or renames an entry (unlink, rmdir, rename): its directory is written.
+    Entry,
+    /// Changes an existing file's mode, owner, times or size.
+    Modifies,
+}
+
+/// The open flags that make an open a write: write access, creating, truncating. Used both
+/// by the filter (a masked comparison per bit, so read-only opens are never notified for the
+/// hint) and by the handler. `O_TMPFILE` needs write access, so it is covered.
+pub const OPEN_WRITE_BITS: [u64; 4] = [
+    libc::O_WRONLY as u64,
+    libc::O_RDWR as u64,
+    libc::O_CREAT as u64,
+    libc::O_TRUNC as u64,
+];
+
+impl Writes {
+    /// Whether a call with these registers may write (openat2: its flags are in memory).
+    pub fn may_write(self, args: &[u64; 6]) -> bool {
+        match self {
+            Writes::No => false,
+            Writes::Open { flags } => args.get(flags).is_some_and(|&f| open_writes(f)),
+            _ => true,
+        }
+    }
+}
+
+/// Whether open flags ask to write (see [`OPEN_WRITE_BITS`]).
+pub fn open_writes(flags: u64) -> bool {
+    OPEN_WRITE_BITS.iter().any(|b| flags & b != 0)
 }
 
 /// mknod/mknodat create only FIFOs and regular files: a device node is refused whatever the
@@ -207,162 +255,189 @@ pub const SPECS: &[Spec] = &[
         paths: CWD_NOFOLLOW,
         serve: refuse_write,
         check: None,
+        writes: Writes::Entry,
     },
     Spec {
         name: "unlink",
         paths: CWD_NOFOLLOW,
         serve: refuse_write,
         check: None,
+        writes: Writes::Entry,
     },
     Spec {
         name: "unlinkat",
         paths: AT_NOFOLLOW,
         serve: refuse_write,
         check: None,
+        writes: Writes::Entry,
     },
     Spec {
         name: "rename",
         paths: TWO_CWD,
         serve: refuse_write,
         check: None,
+        writes: Writes::Entry,
     },
     Spec {
         name: "renameat",
         paths: TWO_AT,
         serve: refuse_write,
         check: None,
+        writes: Writes::Entry,
     },
     Spec {
         name: "renameat2",
         paths: TWO_AT,
         serve: refuse_write,
         check: None,
+        writes: Writes::Entry,
     },
     Spec {
         name: "link",
         paths: TWO_CWD,
         serve: refuse_write,
         check: None,
+        writes: Writes::Creates,
     },
     Spec {
         name: "linkat",
         paths: TWO_AT,
         serve: refuse_write,
         check: None,
+        writes: Writes::Creates,
     },
     Spec {
         name: "symlink",
         paths: SYMLINK,
         serve: refuse_write,
         check: None,
+        writes: Writes::Creates,
     },
     Spec {
         name: "symlinkat",
         paths: SYMLINKAT,
         serve: refuse_write,
         check: None,
+        writes: Writes::Creates,
     },
     Spec {
         name: "mknod",
         paths: CWD_CREATE,
         serve: refuse_write,
         check: Some(mknod_fifo_or_file),
+        writes: Writes::Creates,
     },
     Spec {
         name: "mknodat",
         paths: AT_CREATE,
         serve: refuse_write,
         check: Some(mknodat_fifo_or_file),
+        writes: Writes::Creates,
     },
     Spec {
         name: "chmod",
         paths: CWD_FOLLOW,
         serve: refuse_write,
         check: None,
+        writes: Writes::Modifies,
     },
     Spec {
         name: "fchmodat",
         paths: AT_FLAG3,
         serve: refuse_write,
         check: None,
+        writes: Writes::Modifies,
     },
     Spec {
         name: "chown",
         paths: CWD_FOLLOW,
         serve: refuse_write,
         check: None,
+        writes: Writes::Modifies,
     },
     Spec {
         name: "lchown",
         paths: CWD_NOFOLLOW,
         serve: refuse_write,
         check: None,
+        writes: Writes::Modifies,
     },
     Spec {
         name: "fchownat",
         paths: AT_FLAG4,
         serve: refuse_write,
         check: None,
+        writes: Writes::Modifies,
     },
     Spec {
         name: "truncate",
         paths: CWD_FOLLOW,
         serve: refuse_write,
         check: None,
+        writes: Writes::Modifies,
     },
     Spec {
         name: "utimensat",
         paths: &[PathArg::at(0, 1, Follow::UnlessAtFlag(3)).null_is_fd()],
         serve: refuse_write,
         check: None,
+        writes: Writes::Modifies,
     },
     Spec {
         name: "chdir",
         paths: CWD_FOLLOW,
         serve: refuse_unsupported,
         check: None,
+        writes: Writes::No,
     },
     Spec {
         name: "chroot",
         paths: CWD_FOLLOW,
         serve: refuse_unsupported,
         check: None,
+        writes: Writes::No,
     },
     Spec {
         name: "statfs",
         paths: CWD_FOLLOW,
         serve: refuse_unsupported,
         check: None,
+        writes: Writes::No,
     },
     Spec {
         name: "getxattr",
         paths: CWD_FOLLOW,
         serve: refuse_unsupported,
         check: None,
+        writes: Writes::No,
     },
     Spec {
         name: "lgetxattr",
         paths: CWD_NOFOLLOW,
         serve: refuse_unsupported,
         check: None,
+        writes: Writes::No,
     },
     Spec {
         name: "listxattr",
         paths: CWD_FOLLOW,
         serve: refuse_unsupported,
         check: None,
+        writes: Writes::No,
     },
     Spec {
         name: "llistxattr",
         paths: CWD_NOFOLLOW,
         serve: refuse_unsupported,
         check: None,
+        writes: Writes::No,
     },
     Spec {
         name: "inotify_add_watch",
         paths: &[PathArg::cwd(1, Follow::Yes)],
         serve: refuse_unsupported,
         check: None,
+        writes: Writes::No,
     },
 ];
 
@@ -393,6 +468,58 @@ pub fn inject_errno(e: notify::NotifyError) -> Errno {
     errno_of(e)
 }
 
+/// Whether `arg`'s last symlink is followed in this call.
+fn follows(arg: &PathArg, n: &Notification) -> bool {
+    match arg.follow {
+        Follow::Yes => true,
+        Follow::No => false,
+        Follow::UnlessAtFlag(i) => n.args[i] & libc::AT_SYMLINK_NOFOLLOW as u64 == 0,
+    }
+}
+
+/// With read-only hints: when this call writes and the jail shows the directory it writes
+/// read-only, the kernel will refuse it with EROFS. Say so in the trace and stats and hint
+/// once. The call is continued either way; nothing is looked at for a call that only reads.
+/// `abs` gives the last path argument in the target's view.
+fn explain_read_only(
+    sh: &Shared,
+    hints: &crate::readonly::Hints,
+    n: &Notification,
+    spec: &Spec,
+    info: &mut CallInfo,
+    abs: impl FnOnce() -> Option<PathBuf>,
+) {
+    use crate::readonly::{refused_dir, Write};
+    let how_flags = || {
+        let mut buf = [0u8; 8];
+        TargetMem {
+            listener: &sh.listener,
+            notif: n,
+        }
+        .read(n.args[2], &mut buf)
+        .ok()
+        .map(|()| u64::from_ne_bytes(buf))
+    };
+    let Some(write) = Write::of(spec.writes, &n.args, how_flags) else {
+        return;
+    };
+    let (Some(arg), Some(abs)) = (spec.paths.last(), abs()) else {
+        return;
+    };
+    let Some(dir) = refused_dir(n.pid, &abs, write, follows(arg, n)) else {
+        return;
+    };
+    // The root looked at was this target's only if its notification is still live.
+    if !sh.listener.id_valid(n.id) {
+        return;
+    }
+    if sh.timing && info.path.is_none() {
+        info.path = Some(abs);
+    }
+    info.decision = Some(Decision::ReadOnly);
+    hints.note(&dir);
+}
+
 /// The shared path routine: read each declared path, resolve it against the target's cwd or
 /// dirfd, decide, and for a serve re-check the notification id before acting on the host.
 pub fn path_call(
@@ -404,18 +531,35 @@ pub fn path_call(
     if let Some(check) = spec.check {
         check(&n.args).inspect_err(|e| info.decision = Some(Decision::Error(*e as i32)))?;
     }
-    if !sh.read_paths {
-        // No path rule exists and nobody traces: every decision would be `Continue`.
-        info.decision = Some(Decision::Continue);
-        return Ok(Reply::Respond(Response::continue_unchecked()));
-    }
     let mem = TargetMem {
         listener: &sh.listener,
         notif: n,
     };
+    if !sh.read_paths {
+        // No path rule exists and nobody traces: every decision would be `Continue`.
+        info.decision = Some(Decision::Continue);
+        if let Some(hints) = &sh.hints {
+            explain_read_only(sh, hints, n, spec, info, || {
+                let arg = spec.paths.last()?;
+                if arg.null_is_fd && n.args[arg.path] == 0 {
+                    return None;
+                }
+                let raw = mem.read_path(n.args[arg.path]).ok()?;
+                if raw.is_empty() {
+                    return None;
+                }
+                let dirfd = arg.dirfd.map_or(libc::AT_FDCWD, |i| n.args[i] as i32);
+                notify::path::absolute(n.pid, dirfd, &raw).ok()
+            });
+        }
+        return Ok(Reply::Respond(Response::continue_unchecked()));
+    }
     // The first serve decision (if any) with its arg; a deny anywhere wins.
     let mut serve: Option<(usize, PathBuf, &PathArg)> = None;
-    for arg in spec.paths {
+    // The last path argument, resolved: the one a writing call writes (for the hint).
+    let mut last_abs: Option<PathBuf> = None;
+    let keep_last = sh.hints.is_some() && spec.writes.may_write(&n.args);
+    for (i, arg) in spec.paths.iter().enumerate() {
         if arg.null_is_fd && n.args[arg.path] == 0 {
             // The call is on an fd the target already holds: nothing to decide.
             continue;
@@ -456,6 +600,9 @@ pub fn path_call(
         if info.path.is_none() && sh.timing {
             info.path = Some(abs.clone());
         }
+        if keep_last && i + 1 == spec.paths.len() {
+            last_abs = Some(abs.clone());
+        }
         match decision {
             Decide::Continue => {}
             Decide::Deny(e) => {
@@ -474,6 +621,9 @@ pub fn path_call(
     }
     let Some((index, rest, arg)) = serve else {
         info.decision = Some(Decision::Continue);
+        if let Some(hints) = &sh.hints {
+            explain_read_only(sh, hints, n, spec, info, || last_abs);
+        }
         // Access is the kernel's job here (allow-list + mount namespace): no rule grants anything.
         return Ok(Reply::Respond(Response::continue_unchecked()));
     };
@@ -482,11 +632,7 @@ pub fn path_call(
         info.decision = Some(Decision::Error(libc::ENOENT));
         return Err(Errno::ENOENT);
     }
-    let follow = match arg.follow {
-        Follow::Yes => true,
-        Follow::No => false,
-        Follow::UnlessAtFlag(i) => n.args[i] & libc::AT_SYMLINK_NOFOLLOW as u64 == 0,
-    };
+    let follow = follows(arg, n);
     let must_exist = arg.must_exist;
     let served = &sh.policy.served()[index];
     let lookup = sh.resolver.lookup(served, &rest);

@@ -2,7 +2,7 @@
 //! directory and the fd is injected with NOTIF_ADDFD + SEND; writes into served trees are EROFS.
 #![forbid(unsafe_code)]
 
-use super::{inject_errno, refuse_write, Follow, PathArg, Reply, ServeCall, Spec};
+use super::{inject_errno, refuse_write, Follow, PathArg, Reply, ServeCall, Spec, Writes};
 use crate::sys;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, ResolveFlag};
@@ -13,24 +13,28 @@ pub const OPEN: Spec = Spec {
     paths: &[PathArg::cwd(0, Follow::Yes).creates()],
     serve: serve_open,
     check: None,
+    writes: Writes::Open { flags: 1 },
 };
 pub const OPENAT: Spec = Spec {
     name: "openat",
     paths: &[PathArg::at(0, 1, Follow::Yes).creates()],
     serve: serve_openat,
     check: None,
+    writes: Writes::Open { flags: 2 },
 };
 pub const OPENAT2: Spec = Spec {
     name: "openat2",
     paths: &[PathArg::at(0, 1, Follow::Yes).creates()],
     serve: serve_openat2,
     check: None,
+    writes: Writes::OpenHow,
 };
 pub const CREAT: Spec = Spec {
     name: "creat",
     paths: &[PathArg::cwd(0, Follow::Yes).creates()],
     serve: refuse_write,
     check: None,
+    writes: Writes::Creat,
 };
 
 fn serve_open(call: &ServeCall<'_>) -> Result<Reply, Errno> {

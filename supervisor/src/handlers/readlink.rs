@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use super::stat::open_path;
-use super::{Follow, PathArg, Reply, ServeCall, Spec};
+use super::{Follow, PathArg, Reply, ServeCall, Spec, Writes};
 use nix::errno::Errno;
 use nix::sys::stat::SFlag;
 use notify::Response;
@@ -15,12 +15,14 @@ pub const READLINK: Spec = Spec {
     paths: &[PathArg::cwd(0, Follow::No)],
     serve: serve_readlink,
     check: None,
+    writes: Writes::No,
 };
 pub const READLINKAT: Spec = Spec {
     name: "readlinkat",
     paths: &[PathArg::at(0, 1, Follow::No)],
     serve: serve_readlinkat,
     check: None,
+    writes: Writes::No,
 };
 
 fn read_into(call: &ServeCall<'_>, buf_arg: usize, size_arg: usize) -> Result<Reply, Errno> {

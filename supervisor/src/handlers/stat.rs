@@ -2,7 +2,7 @@
 //! an O_PATH fd opened beneath the served directory) and writes the struct into the target.
 #![forbid(unsafe_code)]
 
-use super::{Follow, PathArg, Reply, ServeCall, Spec};
+use super::{Follow, PathArg, Reply, ServeCall, Spec, Writes};
 use crate::sys;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, ResolveFlag};
@@ -14,24 +14,28 @@ pub const STAT: Spec = Spec {
     paths: &[PathArg::cwd(0, Follow::Yes)],
     serve: serve_stat,
     check: None,
+    writes: Writes::No,
 };
 pub const LSTAT: Spec = Spec {
     name: "lstat",
     paths: &[PathArg::cwd(0, Follow::No)],
     serve: serve_stat,
     check: None,
+    writes: Writes::No,
 };
 pub const NEWFSTATAT: Spec = Spec {
     name: "newfstatat",
     paths: &[PathArg::at(0, 1, Follow::UnlessAtFlag(3)).empty_ok(3)],
     serve: serve_newfstatat,
     check: None,
+    writes: Writes::No,
 };
 pub const STATX: Spec = Spec {
     name: "statx",
     paths: &[PathArg::at(0, 1, Follow::UnlessAtFlag(2)).empty_ok(2)],
     serve: serve_statx,
     check: None,
+    writes: Writes::No,
 };
 
 /// An O_PATH fd on the served file, following the last symlink or not.
