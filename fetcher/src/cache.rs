@@ -118,7 +118,8 @@ struct Marker {
 /// The answer is remembered in `<realm>/complete`, keyed by the identity (inode, size, change
 /// and modification times) of the snapshot (written once, by rename) and of every marker, so a
 /// warm start reads a directory and a few inodes' metadata and one small file, not the whole
-/// index and every marker's file list (~3 ms for numpy).
+/// index and every marker's file list (~3 ms for numpy). An incomplete realm is remembered as
+/// such (`packages -`) under the same key: a marker added or changed is a new key.
 pub fn realm_complete(root: &Path, realm: &str) -> Result<Option<usize>> {
     check_realm(realm)?;
     // Markers written before a crash are trusted only after RealmCache::open checked them.
@@ -131,28 +132,29 @@ pub fn realm_complete(root: &Path, realm: &str) -> Result<Option<usize>> {
     let stamp = realm_dir.join("complete");
     if let Some(k) = &key {
         if let Ok(s) = std::fs::read_to_string(&stamp) {
-            if let Some(n) = s
-                .strip_prefix(k.as_str())
-                .and_then(|n| n.trim().parse().ok())
-            {
-                return Ok(Some(n));
+            match s.strip_prefix(k.as_str()).map(str::trim) {
+                Some("-") => return Ok(None),
+                Some(n) => {
+                    if let Ok(n) = n.parse() {
+                        return Ok(Some(n));
+                    }
+                }
+                None => {}
             }
         }
     }
-    let n = match realm_complete_slow(&realm_dir, &path)? {
-        Some(n) => n,
-        None => return Ok(None),
-    };
+    let n = realm_complete_slow(&realm_dir, &path)?;
     // Remembered only if nothing changed while the markers were read.
     if let Some(k) = key.filter(|k| complete_key(&realm_dir).as_ref() == Some(k)) {
         let tmp = realm_dir.join(format!(".complete.{}", std::process::id()));
-        if std::fs::write(&tmp, format!("{k}{n}\n")).is_err()
+        let answer = n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        if std::fs::write(&tmp, format!("{k}{answer}\n")).is_err()
             || std::fs::rename(&tmp, &stamp).is_err()
         {
             let _ = std::fs::remove_file(&tmp);
         }
     }
-    Ok(Some(n))
+    Ok(n)
 }
 
 /// What [`realm_complete`]'s remembered answer is keyed by (`None`: no snapshot or no state).
@@ -1315,10 +1317,14 @@ mod tests {
             None,
             "snapshot, nothing installed"
         );
+        let stamp = root.join("realms/a/complete");
+        assert!(std::fs::read_to_string(&stamp)
+            .unwrap()
+            .ends_with(" packages -\n"));
+        assert_eq!(realm_complete(&root, "a").unwrap(), None, "remembered");
         a.ensure("demo").await.unwrap();
         assert_eq!(realm_complete(&root, "a").unwrap(), Some(1));
         // Remembered, and answered again from the stamp; a stamp of other files is ignored.
-        let stamp = root.join("realms/a/complete");
         assert!(std::fs::read_to_string(&stamp)
             .unwrap()
             .ends_with(" packages 1\n"));

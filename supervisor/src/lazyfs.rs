@@ -117,15 +117,23 @@ fn command(cmd: &mut std::process::Command) -> Result<(), LazyError> {
 }
 
 impl LazyImage {
-    /// The image of `index` under `realm_dir/lazy`: reused if it is mounted or was completely
-    /// materialised before, else created (`mkfs.ext4`, loop mount, placeholders). One preparer
-    /// per realm at a time (a lock).
-    pub fn prepare(realm_dir: &Path, index: &Index) -> Result<LazyImage, LazyError> {
+    /// The name of `index`'s image: its packages and their archives.
+    pub fn key_of(index: &Index) -> String {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         for p in index.packages().values() {
             (&p.name, &p.archive.sha256).hash(&mut h);
         }
-        let key = format!("{:016x}", h.finish());
+        format!("{:016x}", h.finish())
+    }
+
+    /// The image named `key` ([`key_of`](Self::key_of)) under `realm_dir/lazy`: reused if it
+    /// is mounted or was completely materialised before, else created from the index `index`
+    /// loads (`mkfs.ext4`, loop mount, placeholders). One preparer per realm at a time (a lock).
+    pub fn prepare_keyed(
+        realm_dir: &Path,
+        key: &str,
+        index: impl FnOnce() -> Result<Index, LazyError>,
+    ) -> Result<LazyImage, LazyError> {
         let base = realm_dir.join("lazy");
         std::fs::create_dir_all(&base).map_err(io("create dir", &base))?;
         let lock_path = base.join("lock");
@@ -143,11 +151,12 @@ impl LazyImage {
             })?;
         let (img, mnt, map) = (
             base.join(format!("{key}.img")),
-            base.join(&key),
+            base.join(key),
             base.join(format!("{key}.inodes.json")),
         );
         let complete = map.exists() && img.exists();
-        if !complete {
+        let index = if complete { None } else { Some(index()?) };
+        if let Some(index) = &index {
             if is_mounted(&mnt)? {
                 command(std::process::Command::new("umount").arg(&mnt))?;
             }
@@ -177,14 +186,7 @@ impl LazyImage {
                     .arg(&mnt),
             )?;
         }
-        let files = if complete {
-            let text = std::fs::read_to_string(&map).map_err(io("read", &map))?;
-            parse_map(&text).ok_or_else(|| LazyError::Io {
-                op: "parse",
-                path: map.clone(),
-                source: std::io::ErrorKind::InvalidData.into(),
-            })?
-        } else {
+        let files = if let Some(index) = &index {
             let files = materialize(&mnt, index)?;
             // Written last: its presence says the image is complete.
             let tmp = base.join(format!(".{key}.inodes.tmp"));
@@ -195,6 +197,13 @@ impl LazyImage {
             std::fs::write(&tmp, text).map_err(io("write", &tmp))?;
             std::fs::rename(&tmp, &map).map_err(io("rename", &map))?;
             files
+        } else {
+            let text = std::fs::read_to_string(&map).map_err(io("read", &map))?;
+            parse_map(&text).ok_or_else(|| LazyError::Io {
+                op: "parse",
+                path: map.clone(),
+                source: std::io::ErrorKind::InvalidData.into(),
+            })?
         };
         let filled_log = base.join(format!("{key}.filled"));
         if !complete {
