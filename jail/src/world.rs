@@ -71,18 +71,13 @@ pub fn join_net(plan: &Plan, target: i32) -> Result<(), StageError> {
     Ok(())
 }
 
-/// Build the root and pivot into it (every step but the network, made by [`private_net`]). On
-/// return the process's `/` is the jail and its working directory is `/`.
-pub fn build(plan: &Plan) -> Result<(), StageError> {
-    // Every directory and file is made with the mode the plan gives it (init's own umask; the
-    // target, forked earlier, keeps the user's).
-    nix::sys::stat::umask(Mode::empty());
+/// The steps that need no id mapping: every mount private, the bind sources cloned
+/// (`open_tree`, with the host user's identity, so its private directories can be traversed).
+/// Init runs them while the supervisor writes the id maps; [`build`] takes the trees.
+pub fn clone_sources(plan: &Plan) -> Result<Vec<OwnedFd>, StageError> {
     let mut trees: Vec<OwnedFd> = Vec::with_capacity(plan.sources.len());
     for (i, step) in plan.steps.iter().enumerate() {
-        let err = at(i, 0);
         match step {
-            Step::Identity { uid, gid } => become_user(*uid, *gid).map_err(&err)?,
-            Step::Loopback => {}
             Step::PrivateMounts => mount(
                 None::<&CStr>,
                 c"/",
@@ -90,7 +85,7 @@ pub fn build(plan: &Plan) -> Result<(), StageError> {
                 MsFlags::MS_REC | MsFlags::MS_PRIVATE,
                 None::<&CStr>,
             )
-            .map_err(&err)?,
+            .map_err(at(i, 0))?,
             Step::CloneSources => {
                 for (j, (src, rw)) in plan.sources.iter().enumerate() {
                     if let Some(Some(t)) = plan.premade.get(j) {
@@ -108,6 +103,24 @@ pub fn build(plan: &Plan) -> Result<(), StageError> {
                     trees.push(tree);
                 }
             }
+            _ => {}
+        }
+    }
+    Ok(trees)
+}
+
+/// Build the root from the cloned sources ([`clone_sources`]) and pivot into it (every other
+/// step but the network, made by [`private_net`]). On return the process's `/` is the jail and
+/// its working directory is `/`.
+pub fn build(plan: &Plan, trees: Vec<OwnedFd>) -> Result<(), StageError> {
+    // Every directory and file is made with the mode the plan gives it (init's own umask; the
+    // target, forked earlier, keeps the user's).
+    nix::sys::stat::umask(Mode::empty());
+    for (i, step) in plan.steps.iter().enumerate() {
+        let err = at(i, 0);
+        match step {
+            Step::Identity { uid, gid } => become_user(*uid, *gid).map_err(&err)?,
+            Step::Loopback | Step::PrivateMounts | Step::CloneSources => {}
             Step::BuildRoot => {
                 let root = std::ffi::CString::new(BUILD_ROOT).expect("no NUL");
                 mount(

@@ -712,6 +712,15 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         drop(go_tx);
         drop(exec_rx);
         let _ = sys::set_parent_death_kill();
+        let fail = |e: jail::StageError| -> ! {
+            jsend(&status_tx, J_JAIL_STAGE, e.step, e.detail, e.errno);
+            sys::exit_child(125)
+        };
+        // What needs no id mapping is done while the supervisor writes the maps.
+        let trees = match jail::world::clone_sources(&plan) {
+            Ok(t) => t,
+            Err(e) => fail(e),
+        };
         // Dumpable only until the supervisor has written the id maps, which it does through
         // our /proc files; then nobody in the jail may read init's memory (a copy of the
         // supervisor's) or its /proc files.
@@ -721,10 +730,6 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         let _ = nix::sys::prctl::set_dumpable(false);
         drop(maps_rx);
         jail::mark("init-maps");
-        let fail = |e: jail::StageError| -> ! {
-            jsend(&status_tx, J_JAIL_STAGE, e.step, e.detail, e.errno);
-            sys::exit_child(125)
-        };
         let pipes = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .and_then(|n| Ok((n, nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)));
         let ((net_rx, net_tx), (world_rx, world_tx)) = match pipes {
@@ -750,7 +755,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         };
         drop(net_tx);
         drop(world_rx);
-        if let Err(e) = jail::world::build(&plan) {
+        if let Err(e) = jail::world::build(&plan, trees) {
             fail(e)
         }
         jail::mark("world");
