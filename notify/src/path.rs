@@ -60,6 +60,10 @@ pub struct ProcView {
 
 #[derive(Default)]
 struct Bufs {
+    /// Every target has the same root for the whole run (see [`ProcView::set_root_fixed`]).
+    root_fixed: bool,
+    /// `root` holds that root.
+    root_known: bool,
     /// A link read from /proc (cwd, fd/N).
     link: Vec<u8>,
     /// The target's root as /proc shows it.
@@ -136,6 +140,14 @@ impl ProcView {
         r
     }
 
+    /// Declare that no target can change its root directory (the filter refuses chroot,
+    /// pivot_root and setns, so every target keeps the root the first one had when the filter
+    /// was installed): the root link is then read once, on first need, and kept.
+    pub fn set_root_fixed(&mut self, fixed: bool) {
+        self.bufs.root_fixed = fixed;
+        self.bufs.root_known = false;
+    }
+
     /// [`absolute`] into `out` (replacing its contents): an absolute `path` costs no system
     /// call; a relative one reads the base directory's and the root's links from /proc.
     pub fn absolute_into(
@@ -179,7 +191,10 @@ impl ProcView {
                 // "(unreachable)/..." and similar: not nameable from the target's root.
                 return Err(Errno::ENOENT);
             }
-            sys::readlinkat_into(proc, c"root", &mut bufs.root).map_err(gone)?;
+            if !(bufs.root_fixed && bufs.root_known) {
+                sys::readlinkat_into(proc, c"root", &mut bufs.root).map_err(gone)?;
+                bufs.root_known = bufs.root_fixed;
+            }
             strip_root_into(&bufs.root, &bufs.link, &mut bufs.root_norm, &mut bufs.base);
             Ok(())
         })?;
@@ -536,6 +551,13 @@ mod tests {
             }
         }
         assert_eq!(v.dirs.len(), 1, "one cached /proc directory for one pid");
+        v.set_root_fixed(true);
+        for _ in 0..2 {
+            v.absolute_into(me, libc::AT_FDCWD, b"x", &mut out).unwrap();
+            let want = std::env::current_dir().unwrap().join("x");
+            assert_eq!(out, want.as_os_str().as_encoded_bytes());
+            assert!(v.bufs.root_known);
+        }
         let cwd_mnt = v.mount_id(me, libc::AT_FDCWD).unwrap();
         assert!(cwd_mnt > 0);
         assert_eq!(v.mount_id(me, 100_000), Err(Errno::ENOENT));

@@ -383,6 +383,13 @@ pub struct CallInfo {
 }
 
 impl CallInfo {
+    /// `root_fixed`: no target can change its root ([`crate::policy::Policy::root_is_fixed`]).
+    pub fn new(root_fixed: bool) -> Self {
+        let mut info = CallInfo::default();
+        info.proc.set_root_fixed(root_fixed);
+        info
+    }
+
     pub fn reset(&mut self) {
         self.decision = None;
         self.path = None;
