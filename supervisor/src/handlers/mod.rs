@@ -390,6 +390,12 @@ impl CallInfo {
         info
     }
 
+    /// `path` (as the target passed it) resolved in the target's view, in this loop's buffer.
+    pub fn resolve(&mut self, pid: u32, dirfd: i32, path: &[u8]) -> Result<&Path, Errno> {
+        self.proc.absolute_into(pid, dirfd, path, &mut self.abs)?;
+        Ok(Path::new(OsStr::from_bytes(&self.abs)))
+    }
+
     pub fn reset(&mut self) {
         self.decision = None;
         self.path = None;
