@@ -68,6 +68,7 @@ struct Bufs {
     link: Vec<u8>,
     /// The target's root as /proc shows it.
     root: Vec<u8>,
+    /// `root` normalised.
     root_norm: Vec<u8>,
     /// The normalised base directory.
     base: Vec<u8>,
