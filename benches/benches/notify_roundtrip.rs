@@ -7,14 +7,26 @@
 //! Variants: `plain` (scheduler places both sides), `sync_wakeup` (listener flagged with
 //! SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP), `same_cpu` / `same_cpu_sync_wakeup` (this thread and
 //! the child both pinned to CPU 0). The addfd variants include the child's close(2).
+//!
+//! `path_continue` / `relative_path_continue` answer `continue` after the work the supervisor's
+//! path routine does for a call that names a path outside every rule: read the path from the
+//! target (`args[0]`, absolute, or `args[1]`, relative to the cwd; the id re-checked after the
+//! read), resolve it in the target's view, decide it against the sigmaos profile with a serve
+//! rule, and for the relative path look up the mount of the cwd (served-directory check). Set
+//! side by side with `continue` in the same run, the difference is the handler's cost.
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
+use notify::mem::TargetMem;
+use notify::path::ProcView;
 use notify::probe::{ProbeChild, ProbeOptions};
 use notify::Response;
 use sigma_benches::getppid_notify_filter;
+use std::ffi::OsStr;
 use std::hint::black_box;
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug)]
@@ -22,6 +34,50 @@ enum Answer {
     Continue,
     Errno,
     AddfdSend,
+    PathContinue,
+    RelativePathContinue,
+}
+
+/// What the path routine keeps between calls, and the policy it decides against.
+struct PathWork {
+    profile: policies::Profile,
+    view: ProcView,
+    raw: Vec<u8>,
+    abs: Vec<u8>,
+}
+
+impl PathWork {
+    fn new() -> Self {
+        let mut profile = policies::load("sigmaos").expect("the sigmaos profile");
+        profile
+            .add_serve("/sigma/bench=/tmp")
+            .expect("a serve rule");
+        PathWork {
+            profile,
+            view: ProcView::default(),
+            raw: Vec::new(),
+            abs: Vec::new(),
+        }
+    }
+
+    /// Read, resolve and decide the path in `args[arg]`; panics unless the decision is continue.
+    fn decide(&mut self, l: &notify::Listener, n: &notify::Notification, arg: usize) {
+        TargetMem::new(l, n)
+            .read_path_into(n.args[arg], &mut self.raw)
+            .expect("read the path");
+        self.view
+            .absolute_into(n.pid, libc::AT_FDCWD, &self.raw, &mut self.abs)
+            .expect("resolve the path");
+        if self.raw.first() != Some(&b'/') {
+            black_box(
+                self.view
+                    .mount_id(n.pid, libc::AT_FDCWD)
+                    .expect("cwd mount"),
+            );
+        }
+        let d = self.profile.decide(Path::new(OsStr::from_bytes(&self.abs)));
+        assert_eq!(d, policies::PathDecision::Continue);
+    }
 }
 
 impl Answer {
@@ -30,6 +86,8 @@ impl Answer {
             Answer::Continue => "continue",
             Answer::Errno => "errno",
             Answer::AddfdSend => "addfd_send",
+            Answer::PathContinue => "path_continue",
+            Answer::RelativePathContinue => "relative_path_continue",
         }
     }
 }
@@ -38,6 +96,7 @@ fn run_batch(
     child: &ProbeChild,
     answer: Answer,
     fd: std::os::fd::BorrowedFd<'_>,
+    work: &mut PathWork,
     n: u64,
 ) -> Duration {
     let l = child.listener();
@@ -55,12 +114,20 @@ fn run_batch(
             Answer::AddfdSend => {
                 black_box(l.addfd_send(notif.id, fd, true).expect("addfd"));
             }
+            Answer::PathContinue | Answer::RelativePathContinue => {
+                let arg = usize::from(matches!(answer, Answer::RelativePathContinue));
+                work.decide(l, &notif, arg);
+                l.respond(notif.id, Response::continue_unchecked())
+                    .expect("respond")
+            }
         }
     }
     let last = child.finish().expect("probe child finished the batch");
     let elapsed = start.elapsed();
     match answer {
-        Answer::Continue => assert!(last > 0, "continued getppid returns our pid"),
+        Answer::Continue | Answer::PathContinue | Answer::RelativePathContinue => {
+            assert!(last > 0, "continued getppid returns our pid")
+        }
         Answer::Errno => assert_eq!(last, -1),
         Answer::AddfdSend => assert!(last >= 0, "addfd answer is an fd"),
     }
@@ -76,9 +143,22 @@ fn notify_roundtrip(c: &mut Criterion) {
         b.iter(|| black_box(nix::unistd::getppid()))
     });
     let unpinned = sched_getaffinity(Pid::from_raw(0)).expect("sched_getaffinity");
-    for answer in [Answer::Continue, Answer::Errno, Answer::AddfdSend] {
+    let mut work = PathWork::new();
+    let all = [(false, false), (true, false), (false, true), (true, true)];
+    let sync_only = [(true, false), (true, true)];
+    for answer in [
+        Answer::Continue,
+        Answer::PathContinue,
+        Answer::RelativePathContinue,
+        Answer::Errno,
+        Answer::AddfdSend,
+    ] {
+        let variants = match answer {
+            Answer::PathContinue | Answer::RelativePathContinue => &sync_only[..],
+            _ => &all[..],
+        };
         // (sync wake-up, both sides pinned to CPU 0)
-        for (sync, pinned) in [(false, false), (true, false), (false, true), (true, true)] {
+        for &(sync, pinned) in variants {
             let opts = ProbeOptions {
                 close_results: matches!(answer, Answer::AddfdSend),
                 cpu: pinned.then_some(0),
@@ -101,7 +181,7 @@ fn notify_roundtrip(c: &mut Criterion) {
                 (true, true) => "same_cpu_sync_wakeup",
             };
             g.bench_function(BenchmarkId::new(answer.name(), variant), |b| {
-                b.iter_custom(|iters| run_batch(&child, answer, devnull.as_fd(), iters))
+                b.iter_custom(|iters| run_batch(&child, answer, devnull.as_fd(), &mut work, iters))
             });
             sched_setaffinity(Pid::from_raw(0), &unpinned).expect("sched_setaffinity");
         }

@@ -11,13 +11,15 @@
 //! Threads: [`Listener`] is `Send + Sync`; one thread may block in [`Listener::recv`] while
 //! others answer, read memory or inject fds. End of run: once every target has exited and been
 //! reaped, [`Listener::recv_or_hup`] returns `Ok(None)` (the fd polls POLLHUP).
-//! Unsafe code lives in `filter`, `listener` and `probe` only; `mem` and `path` forbid it.
+//! Unsafe code lives in `filter`, `listener`, `probe` and `sys` (readlinkat/statx into
+//! caller buffers) only; `mem` and `path` forbid it.
 
 pub mod filter;
 pub mod listener;
 pub mod mem;
 pub mod path;
 pub mod probe;
+mod sys;
 
 pub use filter::{Action, ArgCmp, CmpOp, CompiledFilter, FilterSpec, SyscallRule};
 pub use listener::{Listener, Notification, Response};

@@ -158,12 +158,22 @@ impl<'a> TargetMem<'a> {
     /// is read correctly. The id is re-checked after every read. An empty string is returned
     /// as is (the caller decides between ENOENT and AT_EMPTY_PATH).
     pub fn read_path(&self, addr: u64) -> Result<CString, Errno> {
-        let mut out: Vec<u8> = Vec::with_capacity(FIRST_CHUNK);
-        let mut buf = [0u8; PAGE as usize];
+        let mut out = Vec::new();
+        self.read_path_into(addr, &mut out)?;
+        // No interior NUL: the read stopped at the first one.
+        CString::new(out).map_err(|_| Errno::EFAULT)
+    }
+
+    /// [`TargetMem::read_path`] into `out` (replacing its contents, without the NUL). `out`
+    /// keeps its capacity, so a caller that reuses it reads paths without allocating.
+    pub fn read_path_into(&self, addr: u64, out: &mut Vec<u8>) -> Result<(), Errno> {
+        out.clear();
+        out.reserve(FIRST_CHUNK);
         let mut cur = addr;
         let mut chunk_limit = FIRST_CHUNK;
         loop {
-            let room = PATH_MAX - out.len();
+            let len = out.len();
+            let room = PATH_MAX - len;
             if room == 0 {
                 self.check_id()?;
                 return Err(Errno::ENAMETOOLONG);
@@ -171,17 +181,16 @@ impl<'a> TargetMem<'a> {
             let to_page_end = (PAGE - cur % PAGE) as usize;
             let n = to_page_end.min(room).min(chunk_limit);
             chunk_limit = PAGE as usize;
-            let res = self.read_raw(cur, &mut buf[..n]);
+            out.resize(len + n, 0);
+            let res = self.read_raw(cur, &mut out[len..]);
             // Whatever we got, it only means something if the target is still the one that
             // made this call.
             self.check_id()?;
             res?;
-            if let Some(pos) = buf[..n].iter().position(|&b| b == 0) {
-                out.extend_from_slice(&buf[..pos]);
-                // No interior NUL: we stopped at the first one.
-                return CString::new(out).map_err(|_| Errno::EFAULT);
+            if let Some(pos) = out[len..].iter().position(|&b| b == 0) {
+                out.truncate(len + pos);
+                return Ok(());
             }
-            out.extend_from_slice(&buf[..n]);
             cur = cur.checked_add(n as u64).ok_or(Errno::EFAULT)?;
         }
     }

@@ -14,12 +14,13 @@
 //! `<path> (deleted)` in /proc and is returned as such (opening it then fails with ENOENT).
 #![forbid(unsafe_code)]
 
+use crate::sys;
 use nix::errno::Errno;
 use nix::fcntl::{open, OFlag};
-use nix::sys::stat::{stat, Mode, SFlag};
-use std::ffi::{CStr, OsStr};
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
+use nix::sys::stat::Mode;
+use std::ffi::{CStr, OsString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Component, Path, PathBuf};
 
 /// Turn (dirfd, path) of target `pid` into an absolute path in the target's view
@@ -29,24 +30,236 @@ use std::path::{Component, Path, PathBuf};
 /// AT_EMPTY_PATH), EBADF for a dirfd the target does not have, ENOTDIR when a relative path is
 /// given with a dirfd that is not a directory, ENAMETOOLONG past PATH_MAX, ESRCH→ENOENT if
 /// the target is gone. An absolute path ignores dirfd, as the kernel does.
+///
+/// One-off form of [`ProcView::absolute_into`] (the receive loop keeps a [`ProcView`]).
 pub fn absolute(pid: u32, dirfd: i32, path: &CStr) -> Result<PathBuf, Errno> {
-    let bytes = path.to_bytes();
-    if bytes.is_empty() {
-        return Err(Errno::ENOENT);
+    let mut out = Vec::new();
+    ProcView::default().absolute_into(pid, dirfd, path.to_bytes(), &mut out)?;
+    Ok(PathBuf::from(OsString::from_vec(out)))
+}
+
+/// How many targets' `/proc/<tid>` directories a [`ProcView`] keeps open.
+const PROC_DIRS: usize = 8;
+
+/// Resolves target paths for the receive loop without allocating per call (its buffers keep
+/// their capacity) and without walking `/proc/<tid>` each time: the last few targets'
+/// `/proc/<tid>` directories stay open.
+///
+/// A cached directory stays bound to the task it was opened for (a /proc/<tid> inode holds that
+/// task's `struct pid`, not its number): once the task is gone every look-up through it fails,
+/// even if the number has been reused by then. A failure through a cached directory is
+/// therefore retried once through a freshly opened one, so a stale entry costs a retry and
+/// never answers for another process.
+#[derive(Default)]
+pub struct ProcView {
+    dirs: Vec<(u32, OwnedFd)>,
+    /// Slot replaced next once `dirs` is full.
+    next: usize,
+    bufs: Bufs,
+}
+
+#[derive(Default)]
+struct Bufs {
+    /// Every target has the same root for the whole run (see [`ProcView::set_root_fixed`]).
+    root_fixed: bool,
+    /// `root` holds that root.
+    root_known: bool,
+    /// A link read from /proc (cwd, fd/N).
+    link: Vec<u8>,
+    /// The target's root as /proc shows it.
+    root: Vec<u8>,
+    /// `root` normalised.
+    root_norm: Vec<u8>,
+    /// The normalised base directory.
+    base: Vec<u8>,
+}
+
+/// `fd/<n>` (or `cwd` for AT_FDCWD), NUL-terminated, in a stack buffer.
+struct ProcName {
+    buf: [u8; 16],
+    len: usize,
+}
+
+impl ProcName {
+    fn new(dirfd: i32) -> Self {
+        use std::io::Write as _;
+        let mut buf = [0u8; 16];
+        let len = if dirfd == libc::AT_FDCWD {
+            buf[..4].copy_from_slice(b"cwd\0");
+            4
+        } else {
+            let mut w = &mut buf[..];
+            // "fd/" + at most 11 characters of an i32 + NUL = 15 bytes: always fits.
+            let _ = write!(w, "fd/{dirfd}\0");
+            16 - w.len()
+        };
+        ProcName { buf, len }
     }
-    if bytes.len() >= crate::mem::PATH_MAX {
-        return Err(Errno::ENAMETOOLONG);
+
+    fn as_cstr(&self) -> &CStr {
+        CStr::from_bytes_with_nul(&self.buf[..self.len]).unwrap_or(c"")
     }
-    let p = Path::new(OsStr::from_bytes(bytes));
-    if p.is_absolute() {
-        return Ok(normalize(p));
+}
+
+impl ProcView {
+    /// Run `f` on `/proc/<pid>`: through the cached directory first, and on any failure there
+    /// once more through a freshly opened one (which then replaces it in the cache).
+    fn with_dir<T>(
+        &mut self,
+        pid: u32,
+        mut f: impl FnMut(BorrowedFd<'_>, &mut Bufs) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        if let Some(i) = self.dirs.iter().position(|(p, _)| *p == pid) {
+            match f(self.dirs[i].1.as_fd(), &mut self.bufs) {
+                Ok(v) => return Ok(v),
+                Err(_) => {
+                    self.dirs.swap_remove(i);
+                }
+            }
+        }
+        let mut name = [0u8; 24];
+        let len = {
+            use std::io::Write as _;
+            let mut w = &mut name[..];
+            // "/proc/" + at most 10 digits of a u32 = 16 bytes: always fits.
+            let _ = write!(w, "/proc/{pid}");
+            24 - w.len()
+        };
+        let dir = open(
+            &name[..len],
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(gone)?;
+        let r = f(dir.as_fd(), &mut self.bufs);
+        if self.dirs.len() < PROC_DIRS {
+            self.dirs.push((pid, dir));
+        } else {
+            self.dirs[self.next % PROC_DIRS] = (pid, dir);
+            self.next = (self.next + 1) % PROC_DIRS;
+        }
+        r
     }
-    let base = if dirfd == libc::AT_FDCWD {
-        cwd(pid)?
-    } else {
-        dir_path(pid, dirfd)?
+
+    /// Declare that no target can change its root directory (the filter refuses chroot,
+    /// pivot_root and setns, so every target keeps the root the first one had when the filter
+    /// was installed): the root link is then read once, on first need, and kept.
+    pub fn set_root_fixed(&mut self, fixed: bool) {
+        self.bufs.root_fixed = fixed;
+        self.bufs.root_known = false;
+    }
+
+    /// [`absolute`] into `out` (replacing its contents): an absolute `path` costs no system
+    /// call; a relative one reads the base directory's and the root's links from /proc.
+    pub fn absolute_into(
+        &mut self,
+        pid: u32,
+        dirfd: i32,
+        path: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), Errno> {
+        if path.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if path.len() >= crate::mem::PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        if path[0] == b'/' {
+            join_normalized_into(b"/", path, out);
+            return Ok(());
+        }
+        if dirfd != libc::AT_FDCWD && dirfd < 0 {
+            return Err(Errno::EBADF);
+        }
+        let name = ProcName::new(dirfd);
+        self.with_dir(pid, |proc, bufs| {
+            if dirfd == libc::AT_FDCWD {
+                sys::readlinkat_into(proc, name.as_cstr(), &mut bufs.link).map_err(gone)?;
+            } else {
+                sys::readlinkat_into(proc, name.as_cstr(), &mut bufs.link).map_err(fd_err)?;
+                if bufs.link.first() != Some(&b'/') {
+                    // pipe:[..], socket:[..], anon_inode:[..]
+                    return Err(Errno::ENOTDIR);
+                }
+                // statx follows the magic link to the open file itself.
+                let st =
+                    sys::statx_at(proc, name.as_cstr(), 0, libc::STATX_TYPE).map_err(fd_err)?;
+                if u32::from(st.stx_mode) & libc::S_IFMT != libc::S_IFDIR {
+                    return Err(Errno::ENOTDIR);
+                }
+            }
+            if bufs.link.first() != Some(&b'/') {
+                // "(unreachable)/..." and similar: not nameable from the target's root.
+                return Err(Errno::ENOENT);
+            }
+            if !(bufs.root_fixed && bufs.root_known) {
+                sys::readlinkat_into(proc, c"root", &mut bufs.root).map_err(gone)?;
+                bufs.root_known = bufs.root_fixed;
+            }
+            strip_root_into(&bufs.root, &bufs.link, &mut bufs.root_norm, &mut bufs.base);
+            Ok(())
+        })?;
+        join_normalized_into(&self.bufs.base, path, out);
+        Ok(())
+    }
+
+    /// The mount id of what the target's `dirfd` (its cwd for AT_FDCWD) refers to.
+    pub fn mount_id(&mut self, pid: u32, dirfd: i32) -> Result<u64, Errno> {
+        if dirfd != libc::AT_FDCWD && dirfd < 0 {
+            return Err(Errno::EBADF);
+        }
+        let name = ProcName::new(dirfd);
+        self.with_dir(pid, |proc, _| {
+            sys::statx_at(proc, name.as_cstr(), 0, libc::STATX_MNT_ID).map(|st| st.stx_mnt_id)
+        })
+    }
+}
+
+/// `link` in the target's view given its `root` (both as /proc shows them) into `out`: the
+/// byte form of [`strip_root`] (the kernel's links have no `.` or `..` components, so
+/// normalising before or after stripping is the same).
+fn strip_root_into(root: &[u8], link: &[u8], root_norm: &mut Vec<u8>, out: &mut Vec<u8>) {
+    join_normalized_into(b"/", root, root_norm);
+    join_normalized_into(b"/", link, out);
+    let r = root_norm.as_slice();
+    if r == b"/" {
+        return;
+    }
+    if out.as_slice() == r {
+        out.truncate(1);
+    } else if out.starts_with(r) && out.get(r.len()) == Some(&b'/') {
+        out.drain(..r.len());
+    }
+    // Otherwise outside the target's root (it escaped or holds an fd from outside): our view.
+}
+
+/// Byte form of [`join_normalized`] into `out` (replacing its contents): `base` joined with
+/// `rel`, `//`, `.` and `..` folded (`..` at `/` stays at `/`), no trailing slash; an absolute
+/// `rel` replaces `base`. Allocates only while `out` grows.
+pub fn join_normalized_into(base: &[u8], rel: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.push(b'/');
+    let push = |c: &[u8], out: &mut Vec<u8>| match c {
+        b"" | b"." => {}
+        b".." => {
+            let cut = out.iter().rposition(|&b| b == b'/').unwrap_or(0);
+            out.truncate(cut.max(1));
+        }
+        c => {
+            if out.len() > 1 {
+                out.push(b'/');
+            }
+            out.extend_from_slice(c);
+        }
     };
-    Ok(join_normalized(&base, p))
+    if rel.first() != Some(&b'/') {
+        for c in base.split(|&b| b == b'/') {
+            push(c, out);
+        }
+    }
+    for c in rel.split(|&b| b == b'/') {
+        push(c, out);
+    }
 }
 
 /// The target's cwd in its own view.
@@ -65,25 +278,6 @@ pub fn fd_path(pid: u32, fd: i32) -> Result<PathBuf, Errno> {
     let link = readlink_proc(&format!("/proc/{pid}/fd/{fd}")).map_err(fd_err)?;
     if !link.is_absolute() {
         return Ok(link);
-    }
-    in_target_view(pid, link)
-}
-
-/// The target's dirfd as a directory path in its own view (EBADF / ENOTDIR).
-fn dir_path(pid: u32, dirfd: i32) -> Result<PathBuf, Errno> {
-    if dirfd < 0 {
-        return Err(Errno::EBADF);
-    }
-    let proc_link = format!("/proc/{pid}/fd/{dirfd}");
-    let link = readlink_proc(&proc_link).map_err(fd_err)?;
-    if !link.is_absolute() {
-        // pipe:[..], socket:[..], anon_inode:[..]
-        return Err(Errno::ENOTDIR);
-    }
-    // stat follows the magic link to the open file itself.
-    let st = stat(proc_link.as_str()).map_err(fd_err)?;
-    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFDIR {
-        return Err(Errno::ENOTDIR);
     }
     in_target_view(pid, link)
 }
@@ -275,5 +469,167 @@ mod tests {
             absolute(me, libc::AT_FDCWD, &long),
             Err(Errno::ENAMETOOLONG)
         );
+    }
+
+    #[test]
+    fn byte_normalisation_matches_the_path_one() {
+        let parts = ["", "/", "//", ".", "..", "a", "b", "...", ".x", "x.."];
+        let mut out = Vec::new();
+        // Every sequence of up to four parts joined by `/`, as base and as relative path.
+        let mut seqs = vec![String::new()];
+        for _ in 0..4 {
+            let more: Vec<String> = seqs
+                .iter()
+                .flat_map(|s| parts.iter().map(move |p| format!("{s}/{p}")))
+                .collect();
+            seqs.extend(more.iter().map(|s| s[1..].to_owned()));
+            seqs.extend(more);
+            seqs.sort();
+            seqs.dedup();
+            if seqs.len() > 4000 {
+                break;
+            }
+        }
+        for rel in &seqs {
+            for base in ["/", "/home/u", "/a/b/c"] {
+                join_normalized_into(base.as_bytes(), rel.as_bytes(), &mut out);
+                let want = join_normalized(Path::new(base), Path::new(rel));
+                assert_eq!(
+                    out,
+                    want.as_os_str().as_encoded_bytes(),
+                    "{base:?} + {rel:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn byte_root_stripping_matches_the_path_one() {
+        let (mut r, mut out) = (Vec::new(), Vec::new());
+        for (root, link) in [
+            ("/", "/a/b"),
+            ("/srv/realm", "/srv/realm/home"),
+            ("/srv/realm", "/srv/realm"),
+            ("/srv/realm", "/srv/realmx/a"),
+            ("/srv/realm", "/elsewhere"),
+            ("/srv/realm", "/srv/realm/x (deleted)"),
+        ] {
+            strip_root_into(root.as_bytes(), link.as_bytes(), &mut r, &mut out);
+            let want = strip_root(Path::new(root), Path::new(link));
+            assert_eq!(out, want.as_os_str().as_encoded_bytes(), "{root} {link}");
+        }
+    }
+
+    #[test]
+    fn proc_view_resolves_like_the_one_off_form() {
+        let me = std::process::id();
+        let mut v = ProcView::default();
+        let mut out = Vec::new();
+        let dir = std::fs::File::open("/tmp").unwrap();
+        let dirfd = std::os::fd::AsRawFd::as_raw_fd(&dir);
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        let filefd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        for _ in 0..3 {
+            for (fd, p) in [
+                (libc::AT_FDCWD, &b"x/../y"[..]),
+                (dirfd, b"a/./b"),
+                (12345, b"/etc/./hosts"),
+                (libc::AT_FDCWD, b""),
+                (100_000, b"rel"),
+                (-5, b"rel"),
+                (filefd, b"rel"),
+            ] {
+                let c = std::ffi::CString::new(p).unwrap();
+                let want = absolute(me, fd, &c);
+                let got = v.absolute_into(me, fd, p, &mut out);
+                match want {
+                    Ok(w) => {
+                        assert_eq!(got, Ok(()));
+                        assert_eq!(out, w.as_os_str().as_encoded_bytes());
+                    }
+                    Err(e) => assert_eq!(got, Err(e), "{fd} {p:?}"),
+                }
+            }
+        }
+        assert_eq!(v.dirs.len(), 1, "one cached /proc directory for one pid");
+        v.set_root_fixed(true);
+        for _ in 0..2 {
+            v.absolute_into(me, libc::AT_FDCWD, b"x", &mut out).unwrap();
+            let want = std::env::current_dir().unwrap().join("x");
+            assert_eq!(out, want.as_os_str().as_encoded_bytes());
+            assert!(v.bufs.root_known);
+        }
+        let cwd_mnt = v.mount_id(me, libc::AT_FDCWD).unwrap();
+        assert!(cwd_mnt > 0);
+        assert_eq!(v.mount_id(me, 100_000), Err(Errno::ENOENT));
+    }
+
+    #[test]
+    fn a_stale_proc_directory_never_answers_for_a_reused_pid() {
+        let me = std::process::id();
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let stale = open(
+            format!("/proc/{}", child.id()).as_str(),
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let mut v = ProcView::default();
+        let mut out = Vec::new();
+        // The dead child's directory filed under the child's pid: ENOENT, as for any gone task.
+        v.dirs.push((child.id(), stale.try_clone().unwrap()));
+        assert_eq!(
+            v.absolute_into(child.id(), libc::AT_FDCWD, b"x", &mut out),
+            Err(Errno::ENOENT)
+        );
+        // ... and filed under a pid in use again (ours): resolved through a fresh directory.
+        v.dirs.clear();
+        v.dirs.push((me, stale));
+        v.absolute_into(me, libc::AT_FDCWD, b"x", &mut out).unwrap();
+        let cwd = std::env::current_dir().unwrap().join("x");
+        assert_eq!(out, cwd.as_os_str().as_encoded_bytes());
+        assert_eq!(v.dirs.len(), 1);
+    }
+
+    #[test]
+    fn proc_view_keeps_a_bounded_number_of_directories() {
+        let mut v = ProcView::default();
+        let mut out = Vec::new();
+        let me = std::process::id();
+        // Pids that do not exist fail without being cached; our own is cached once.
+        for pid in [u32::MAX - 1, u32::MAX - 2] {
+            assert_eq!(
+                v.absolute_into(pid, libc::AT_FDCWD, b"x", &mut out),
+                Err(Errno::ENOENT)
+            );
+        }
+        assert!(v.dirs.is_empty());
+        v.absolute_into(me, libc::AT_FDCWD, b"x", &mut out).unwrap();
+        assert_eq!(v.dirs.len(), 1);
+        let mut kids: Vec<_> = (0..PROC_DIRS + 3)
+            .map(|_| {
+                std::process::Command::new("sleep")
+                    .arg("100")
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for k in &kids {
+            v.absolute_into(k.id(), libc::AT_FDCWD, b"x", &mut out)
+                .unwrap();
+            assert!(v.dirs.len() <= PROC_DIRS);
+        }
+        // The most recent ones are kept.
+        let last = kids.last().unwrap().id();
+        assert!(v.dirs.iter().any(|(p, _)| *p == last));
+        for k in &mut kids {
+            k.kill().unwrap();
+            k.wait().unwrap();
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! A probe target for benchmarks and tests: a forked child that installs a filter and then,
-//! each time it is told a count `n`, makes `n` raw `getppid` calls (the trigger syscall) and
+//! each time it is told a count `n`, makes `n` raw `getppid` calls (the trigger syscall, with
+//! pointers to [`PROBE_PATH`] and [`PROBE_RELATIVE_PATH`] as its ignored arguments) and
 //! reports back. The child's code is fixed here and async-signal-safe (raw syscalls only, no
 //! allocation), which is what makes forking from a multi-threaded parent sound.
 //!
@@ -8,6 +9,13 @@
 use crate::{CompiledFilter, Listener, NotifyError};
 use nix::errno::Errno;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// What the probe child's trigger calls carry in `args[0]`: a path of the length CPython's
+/// import system probes (getppid ignores it; a benchmark reads it from the target).
+pub const PROBE_PATH: &std::ffi::CStr =
+    c"/usr/local/lib/python3.11/site-packages/sigma_probe/__init__.py";
+/// ... and in `args[1]`, a path relative to the child's cwd.
+pub const PROBE_RELATIVE_PATH: &std::ffi::CStr = c"sigma_probe/__init__.py";
 
 /// The probe child's exit status when it could not install the filter.
 pub const EXIT_INSTALL_FAILED: i32 = 90;
@@ -96,8 +104,15 @@ fn child_main(filter: &CompiledFilter, opts: ProbeOptions, cmd: RawFd, done: Raw
     while let Some(n) = read_u64(cmd) {
         let mut last: i64 = 0;
         for _ in 0..n {
-            // SAFETY: getppid takes no arguments.
-            last = unsafe { libc::syscall(libc::SYS_getppid) };
+            // SAFETY: getppid ignores its arguments; the two pointers (to static strings) only
+            // show up in the notification, for benchmarks that read a path from the target.
+            last = unsafe {
+                libc::syscall(
+                    libc::SYS_getppid,
+                    PROBE_PATH.as_ptr(),
+                    PROBE_RELATIVE_PATH.as_ptr(),
+                )
+            };
             if opts.close_results && last >= 0 {
                 // SAFETY: the answer injected this fd into us; we own it and close it.
                 unsafe { libc::close(last as RawFd) };

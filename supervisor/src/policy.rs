@@ -241,6 +241,27 @@ impl Policy {
         spec
     }
 
+    /// Whether no target can change its root directory: with or without the path calls
+    /// elided, the filter refuses chroot, pivot_root and setns outright (never notified, so
+    /// never continued). Path resolution then reads the targets' root once.
+    pub fn root_is_fixed(&self) -> bool {
+        [false, true].into_iter().all(|elide| {
+            let spec = self.filter_spec(elide);
+            ["chroot", "pivot_root", "setns"].into_iter().all(|name| {
+                let rules: Vec<_> = spec.rules.iter().filter(|r| r.name == name).collect();
+                let action = match rules.as_slice() {
+                    [] => spec.default,
+                    [r] if r.when.is_empty() => r.action,
+                    _ => return false,
+                };
+                matches!(
+                    action,
+                    notify::Action::Errno(_) | notify::Action::KillProcess
+                )
+            })
+        })
+    }
+
     pub fn served(&self) -> &[Served] {
         &self.served
     }
@@ -450,6 +471,19 @@ mod tests {
         for name in ["openat", "mkdir", "unlink"] {
             assert_eq!(action(&spec, name), Action::Allow, "{name}");
         }
+    }
+
+    #[test]
+    fn the_root_is_fixed_only_where_nothing_can_change_it() {
+        assert!(Policy::load("sigmaos", &[], false).unwrap().root_is_fixed());
+        assert!(Policy::load("sigmaos-strict", &[], false)
+            .unwrap()
+            .root_is_fixed());
+        // --audit notifies refusals: still never run, but not provably so from the filter.
+        assert!(!Policy::load("sigmaos", &[], true).unwrap().root_is_fixed());
+        assert!(!Policy::load("permissive", &[], false)
+            .unwrap()
+            .root_is_fixed());
     }
 
     fn stats_max() -> usize {

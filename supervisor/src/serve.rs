@@ -81,19 +81,6 @@ impl Served {
 /// statx(2) mask bit for the mount id.
 pub const STATX_MNT_ID: u32 = 0x1000;
 
-/// The mount id of what the target's `fd` (or its cwd, for AT_FDCWD) refers to.
-pub fn target_mount(pid: u32, fd: i32) -> Option<u64> {
-    let link = if fd == libc::AT_FDCWD {
-        format!("/proc/{pid}/cwd")
-    } else {
-        format!("/proc/{pid}/fd/{fd}")
-    };
-    let f = std::fs::File::open(link).ok()?;
-    crate::sys::statx_fd(f.as_fd(), 0, STATX_MNT_ID)
-        .ok()
-        .map(|st| st.stx_mnt_id)
-}
-
 /// Where a served path is right now.
 pub enum Lookup<'a> {
     /// Under the served directory on this host: answer on the receive thread.

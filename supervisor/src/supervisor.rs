@@ -49,6 +49,8 @@ pub struct Shared {
     /// Read-only hints (with --trace or --stats in the jail): writes the kernel will refuse
     /// because the jail shows their directory read-only are named.
     pub hints: Option<crate::readonly::Hints>,
+    /// No target can change its root: path resolution reads it once.
+    root_fixed: bool,
     /// The proc's process tree (signals without a jail are confined to it).
     tree: Tree,
     /// Abstract socket names the proc bound (without a jail, the only ones it may connect to).
@@ -164,7 +166,7 @@ fn receive_loop(sh: Arc<Shared>, pin_cpu: Option<usize>) {
         }
     }
     let mut st = LoopState {
-        info: CallInfo::default(),
+        info: CallInfo::new(sh.root_fixed),
         refused_logged: vec![false; MAX_SYSCALL],
     };
     loop {
@@ -302,6 +304,7 @@ pub fn supervise(
     let sh = Arc::new(Shared {
         listener,
         read_paths: trace.is_some() || policy.has_path_rules(),
+        root_fixed: policy.root_is_fixed(),
         policy,
         resolver,
         deferred: Deferred::default(),

@@ -21,6 +21,8 @@ use crate::supervisor::{answer, Shared};
 use nix::errno::Errno;
 use notify::mem::TargetMem;
 use notify::{Listener, Notification, Response};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -441,14 +443,34 @@ pub const SPECS: &[Spec] = &[
     },
 ];
 
-/// Per-call scratch the loop reuses: what was decided and on which path (for trace/stats).
+/// Per-call scratch the loop reuses: what was decided and on which path (for trace/stats),
+/// and the buffers the path routine reads and resolves into (kept, so a call allocates nothing).
 #[derive(Default)]
 pub struct CallInfo {
     pub decision: Option<Decision>,
     pub path: Option<PathBuf>,
+    /// The path as read from the target.
+    raw: Vec<u8>,
+    /// The path resolved in the target's view.
+    abs: Vec<u8>,
+    /// The targets' /proc directories, kept open between calls.
+    proc: notify::path::ProcView,
 }
 
 impl CallInfo {
+    /// `root_fixed`: no target can change its root ([`crate::policy::Policy::root_is_fixed`]).
+    pub fn new(root_fixed: bool) -> Self {
+        let mut info = CallInfo::default();
+        info.proc.set_root_fixed(root_fixed);
+        info
+    }
+
+    /// `path` (as the target passed it) resolved in the target's view, in this loop's buffer.
+    pub fn resolve(&mut self, pid: u32, dirfd: i32, path: &[u8]) -> Result<&Path, Errno> {
+        self.proc.absolute_into(pid, dirfd, path, &mut self.abs)?;
+        Ok(Path::new(OsStr::from_bytes(&self.abs)))
+    }
+
     pub fn reset(&mut self) {
         self.decision = None;
         self.path = None;
@@ -554,6 +576,13 @@ pub fn path_call(
         }
         return Ok(Reply::Respond(Response::continue_unchecked()));
     }
+    let CallInfo {
+        decision: info_decision,
+        path: info_path,
+        raw,
+        abs,
+        proc,
+    } = info;
     // The first serve decision (if any) with its arg; a deny anywhere wins.
     let mut serve: Option<(usize, PathBuf, &PathArg)> = None;
     // The last path argument, resolved: the one a writing call writes (for the hint).
@@ -564,8 +593,8 @@ pub fn path_call(
             // The call is on an fd the target already holds: nothing to decide.
             continue;
         }
-        let raw = mem.read_path(n.args[arg.path]).inspect_err(|e| {
-            info.decision = Some(Decision::Error(*e as i32));
+        mem.read_path_into(n.args[arg.path], raw).inspect_err(|e| {
+            *info_decision = Some(Decision::Error(*e as i32));
         })?;
         if raw.is_empty() {
             match arg.empty_flag {
@@ -574,7 +603,7 @@ pub fn path_call(
                     continue;
                 }
                 _ => {
-                    info.decision = Some(Decision::Error(libc::ENOENT));
+                    *info_decision = Some(Decision::Error(libc::ENOENT));
                     return Err(Errno::ENOENT);
                 }
             }
@@ -583,32 +612,36 @@ pub fn path_call(
             Some(i) => n.args[i] as i32,
             None => libc::AT_FDCWD,
         };
-        let abs = notify::path::absolute(n.pid, dirfd, &raw).inspect_err(|e| {
-            info.decision = Some(Decision::Error(*e as i32));
-        })?;
-        let mut decision = sh.policy.decide(&abs);
+        proc.absolute_into(n.pid, dirfd, raw, abs)
+            .inspect_err(|e| {
+                *info_decision = Some(Decision::Error(*e as i32));
+            })?;
+        let abs_path = Path::new(OsStr::from_bytes(abs));
+        let mut decision = sh.policy.decide(abs_path);
         // Relative to a directory the supervisor served (an injected fd used as dirfd, or as
         // cwd after fchdir): the path is below that served directory, not in the jail's tree.
-        if !raw.to_bytes().starts_with(b"/") && !sh.policy.served().is_empty() {
-            if let Some(index) =
-                crate::serve::target_mount(n.pid, dirfd).and_then(|m| sh.policy.served_mount(m))
+        if raw.first() != Some(&b'/') && !sh.policy.served().is_empty() {
+            if let Some(index) = proc
+                .mount_id(n.pid, dirfd)
+                .ok()
+                .and_then(|m| sh.policy.served_mount(m))
             {
-                let rest = abs.strip_prefix("/").unwrap_or(&abs).to_path_buf();
+                let rest = abs_path.strip_prefix("/").unwrap_or(abs_path).to_path_buf();
                 decision = Decide::Serve { index, rest };
             }
         }
-        if info.path.is_none() && sh.timing {
-            info.path = Some(abs.clone());
+        if info_path.is_none() && sh.timing {
+            *info_path = Some(abs_path.to_path_buf());
         }
         if keep_last && i + 1 == spec.paths.len() {
-            last_abs = Some(abs.clone());
+            last_abs = Some(abs_path.to_path_buf());
         }
         match decision {
             Decide::Continue => {}
             Decide::Deny(e) => {
-                info.decision = Some(Decision::Deny(e));
+                *info_decision = Some(Decision::Deny(e));
                 if sh.timing {
-                    info.path = Some(abs);
+                    *info_path = Some(abs_path.to_path_buf());
                 }
                 return Err(Errno::from_raw(e));
             }

@@ -115,12 +115,19 @@ pub fn handle(
             }
         }
         Addr::Path(raw) => {
-            let abs = notify::path::absolute(n.pid, libc::AT_FDCWD, &raw)
-                .inspect_err(|e| info.decision = Some(Decision::Error(*e as i32)))?;
-            if sh.timing {
-                info.path = Some(abs.clone());
-            }
-            match sh.policy.decide(&abs) {
+            let decision = match info.resolve(n.pid, libc::AT_FDCWD, raw.to_bytes()) {
+                Ok(abs) => {
+                    let path = sh.timing.then(|| abs.to_path_buf());
+                    let d = sh.policy.decide(abs);
+                    info.path = path;
+                    d
+                }
+                Err(e) => {
+                    info.decision = Some(Decision::Error(e as i32));
+                    return Err(e);
+                }
+            };
+            match decision {
                 Decide::Continue => {
                     info.decision = Some(Decision::Continue);
                     continue_
