@@ -48,8 +48,8 @@ pub struct RealmOpts {
     #[arg(long, value_name = "URL")]
     pub bucket: Option<String>,
 
-    /// Cache root shared by every realm [default: $XDG_CACHE_HOME/sigma-supervise or
-    /// ~/.cache/sigma-supervise]. Hidden from the target.
+    /// Cache root shared by every realm, also holding the compiled profiles [default:
+    /// $XDG_CACHE_HOME/sigma-supervise or ~/.cache/sigma-supervise]. Hidden from the target.
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
 
