@@ -148,12 +148,14 @@ pub fn build(plan: &Plan, trees: Vec<OwnedFd>) -> Result<(), StageError> {
                     Err(e) => return Err(err(e)),
                 }
             }
-            Step::File { path } => match open(
+            // One call, no descriptor: mknod makes a regular file as open(O_CREAT) would.
+            Step::File { path } => match nix::sys::stat::mknod(
                 path.as_c_str(),
-                OFlag::O_CREAT | OFlag::O_WRONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+                nix::sys::stat::SFlag::S_IFREG,
                 Mode::from_bits_truncate(0o644),
+                0,
             ) {
-                Ok(_) | Err(Errno::EEXIST) => {}
+                Ok(()) | Err(Errno::EEXIST) => {}
                 // A mount point that already exists inside an earlier bind.
                 Err(Errno::EROFS) | Err(Errno::EISDIR) => {}
                 Err(e) => return Err(err(e)),
