@@ -325,7 +325,12 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             (Some(n), _) => Box::new(r.kernel_served_resolver(n)),
             // Marked before the target is released: its first touch already waits for a fill.
             (None, Some(img)) => Box::new(r.start_lazy(img)?),
-            (None, None) => Box::new(r.start()?),
+            // Notified calls wait in the kernel until the notification thread reads them: the
+            // program loads while the realm's cache, runtime and prefetch start.
+            (None, None) => {
+                child.release();
+                Box::new(r.start()?)
+            }
         },
         None => Box::new(serve::LocalDirs),
     };
