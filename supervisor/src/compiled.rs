@@ -174,9 +174,21 @@ fn digest(s: &str) -> String {
     )
 }
 
+/// The largest entry read (a profile with every syscall is ~100 KB).
+const MAX_ENTRY: u64 = 4 << 20;
+
 /// The entry at `file` if it is whole (its digest matches) and made for `key`.
 fn read(file: &Path, key: &str) -> Option<Entry> {
-    let data = std::fs::read_to_string(file).ok()?;
+    use std::io::Read as _;
+    let mut data = String::new();
+    std::fs::File::open(file)
+        .ok()?
+        .take(MAX_ENTRY + 1)
+        .read_to_string(&mut data)
+        .ok()?;
+    if data.len() as u64 > MAX_ENTRY {
+        return None;
+    }
     let (sum, body) = data.split_once('\n')?;
     if digest(body) != sum {
         tracing::debug!("compiled-profile cache entry {} is corrupt", file.display());
