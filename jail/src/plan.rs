@@ -72,6 +72,8 @@ pub enum Step {
     Hostname {
         name: CString,
     },
+    /// The proc's own network namespace with loopback up: made by the target while init builds
+    /// the root, then joined by init (see `world::private_net`).
     Loopback,
 }
 
@@ -96,7 +98,7 @@ impl Step {
             Step::Pivot => "pivot_root",
             Step::RootReadOnly => "making / read-only",
             Step::Hostname { .. } => "sethostname",
-            Step::Loopback => "bringing up loopback",
+            Step::Loopback => "making the proc's network namespace (loopback up)",
         }
     }
 }
