@@ -67,6 +67,12 @@ pub struct Cli {
     #[arg(long = "serve", value_name = "PREFIX=DIR", value_parser = parse_serve)]
     pub serve: Vec<String>,
 
+    /// Hand the environment variable NAME to the proc although its name says it is a credential
+    /// (`AWS_*`, `*TOKEN*`, `*SECRET*`, `*PASSWORD*`, `*_KEY`, ...: withheld by default).
+    /// Repeatable.
+    #[arg(long = "pass-env", value_name = "NAME")]
+    pub pass_env: Vec<String>,
+
     /// One line per notified call (pid, syscall, path, decision, µs) to FILE, or stderr. A write
     /// the jail refuses as read-only is `continue(read-only in the jail)`, with a hint on stderr.
     #[arg(long, value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = "-")]
@@ -292,6 +298,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         guard,
         pin_cpu,
         jail,
+        &cli.pass_env,
     )?;
     prepared.home_inside_jail()?;
     if let Some((fd, number)) = api.take_target_end() {

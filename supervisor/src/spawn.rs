@@ -169,6 +169,58 @@ impl Prepared {
     }
 }
 
+/// Whether an environment variable's name says it holds a credential (or leads to one): `AWS_*`,
+/// and any name with TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL, AUTH or ACCESS_KEY in it, or
+/// ending in `_KEY` (API keys), case-insensitively. Such variables stay with the supervisor.
+pub fn is_credential(name: &[u8]) -> bool {
+    let up = name.to_ascii_uppercase();
+    let has = |w: &[u8]| up.windows(w.len()).any(|x| x == w);
+    up.starts_with(b"AWS_")
+        || up.ends_with(b"_KEY")
+        || [
+            &b"TOKEN"[..],
+            b"SECRET",
+            b"PASSWORD",
+            b"PASSWD",
+            b"CREDENTIAL",
+            b"AUTH",
+            b"ACCESS_KEY",
+        ]
+        .iter()
+        .any(|w| has(w))
+}
+
+#[cfg(test)]
+#[test]
+fn credential_names() {
+    for n in [
+        "AWS_SECRET_ACCESS_KEY",
+        "GITHUB_TOKEN",
+        "gh_token",
+        "DB_PASSWORD",
+        "PGPASSWORD",
+        "OPENAI_API_KEY",
+        "AZURE_CLIENT_SECRET",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "SSH_AUTH_SOCK",
+        "XAUTHORITY",
+        "MINIO_ACCESS_KEY_ID",
+    ] {
+        assert!(is_credential(n.as_bytes()), "{n}");
+    }
+    for n in [
+        "PATH",
+        "HOME",
+        "PYTHONPATH",
+        "LANG",
+        "TERM",
+        "SIGMA_SPPROXY_FD",
+        "KEYBOARD",
+    ] {
+        assert!(!is_credential(n.as_bytes()), "{n}");
+    }
+}
+
 fn cstring(s: &OsStr) -> anyhow::Result<CString> {
     CString::new(s.as_bytes()).map_err(|_| anyhow!("`{}` contains a NUL byte", s.to_string_lossy()))
 }
@@ -188,6 +240,7 @@ pub fn prepare(
     guard: Option<jail::guard::Guard>,
     pin_cpu: Option<usize>,
     jail: Option<jail::JailSpec>,
+    pass_env: &[String],
 ) -> anyhow::Result<Prepared> {
     let path = cstring(program.as_os_str())?;
     let argv = command
@@ -195,9 +248,18 @@ pub fn prepare(
         .map(|a| cstring(a))
         .collect::<anyhow::Result<Vec<_>>>()?;
     // The supervisor's cloud credentials are its own: the target reaches S3 only through the
-    // realm server (`name/s3/...`) and the fetcher, never with the keys themselves.
+    // realm server (`name/s3/...`) and the fetcher, never with the keys themselves. The same for
+    // anything named like a credential, unless the user hands it through by name.
+    let mut withheld = Vec::new();
     let envp = std::env::vars_os()
-        .filter(|(k, _)| !k.as_bytes().starts_with(b"AWS_"))
+        .filter(|(k, _)| {
+            let pass = !is_credential(k.as_bytes())
+                || pass_env.iter().any(|p| p.as_bytes() == k.as_bytes());
+            if !pass {
+                withheld.push(k.to_string_lossy().into_owned());
+            }
+            pass
+        })
         .map(|(k, v)| {
             let mut kv = k.into_vec();
             kv.push(b'=');
@@ -205,6 +267,12 @@ pub fn prepare(
             cstring(OsStr::from_bytes(&kv))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    if !withheld.is_empty() {
+        tracing::info!(
+            "not passed to the proc (--pass-env NAME to pass one): {}",
+            withheld.join(" ")
+        );
+    }
     let hides = policy
         .served()
         .iter()

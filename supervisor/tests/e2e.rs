@@ -677,6 +677,30 @@ fn cloud_credentials_do_not_reach_the_target() {
 }
 
 #[test]
+fn credential_named_variables_stay_unless_passed_by_name() {
+    let code = "import os; print(sorted(k for k in os.environ if k.startswith(('GH_', 'DB_', 'OPENAI_', 'SIGMA_TEST_'))))";
+    let with = |extra: &[&str]| {
+        let mut c = sup();
+        c.env("GH_TOKEN", "t")
+            .env("DB_PASSWORD", "p")
+            .env("OPENAI_API_KEY", "k")
+            .env("SIGMA_TEST_KEEP", "kept")
+            .args(extra)
+            .args(["python3", "-c", code]);
+        run(&mut c)
+    };
+    let o = with(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "['SIGMA_TEST_KEEP']\n");
+    let o = with(&["--pass-env", "GH_TOKEN", "--pass-env=OPENAI_API_KEY"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "['GH_TOKEN', 'OPENAI_API_KEY', 'SIGMA_TEST_KEEP']\n"
+    );
+}
+
+#[test]
 fn local_sockets_follow_the_path_rules() {
     let dir = tempfile::tempdir().unwrap();
     let denied = dir.path().join("private");
