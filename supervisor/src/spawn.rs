@@ -169,6 +169,12 @@ impl Prepared {
     }
 }
 
+/// The seccomp programs the target installs: the profile's and, jailed, the jail's guard.
+pub struct Programs {
+    pub filter: CompiledFilter,
+    pub guard: Option<jail::guard::Guard>,
+}
+
 /// Whether an environment variable's name says it holds a credential (or leads to one): `AWS_*`,
 /// and any name with TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL, AUTH or ACCESS_KEY in it, or
 /// ending in `_KEY` (API keys), case-insensitively. Such variables stay with the supervisor.
@@ -236,12 +242,12 @@ pub fn prepare(
     program: &Path,
     command: &[OsString],
     policy: &Policy,
-    filter: CompiledFilter,
-    guard: Option<jail::guard::Guard>,
+    programs: Programs,
     pin_cpu: Option<usize>,
     jail: Option<jail::JailSpec>,
     pass_env: &[String],
 ) -> anyhow::Result<Prepared> {
+    let Programs { filter, guard } = programs;
     let path = cstring(program.as_os_str())?;
     let argv = command
         .iter()
