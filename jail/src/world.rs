@@ -235,7 +235,11 @@ pub fn build(plan: &Plan, trees: Vec<OwnedFd>) -> Result<(), StageError> {
                     hide_file(path.as_c_str())
                 };
                 match r {
-                    Ok(()) | Err(Errno::ENOENT) | Err(Errno::ENOTDIR) => {}
+                    // Not there, or not reachable: init looks it up as the proc's user, through
+                    // the same bind, so a directory on the way that the proc may not search
+                    // (EACCES) keeps the proc from it as well. Another bind that shows the path
+                    // has a step of its own.
+                    Ok(()) | Err(Errno::ENOENT) | Err(Errno::ENOTDIR) | Err(Errno::EACCES) => {}
                     Err(e) => return Err(err(e)),
                 }
             }
