@@ -29,6 +29,7 @@
 #![deny(unsafe_code)]
 
 pub mod guard;
+pub mod hostid;
 mod idmap;
 pub mod init;
 pub mod limits;
@@ -127,9 +128,11 @@ pub struct JailSpec {
     pub uid: u32,
     pub gid: u32,
     /// Host identity the inside ids map to: the supervisor's own ids when it is not root; an
-    /// unprivileged id (default 65534) when it is.
+    /// unprivileged id of the proc's own when it is ([`hostid`]).
     pub host_uid: u32,
     pub host_gid: u32,
+    /// Keeps `host_uid` this proc's alone (held until the run ends; see [`hostid`]).
+    pub host_lock: Option<std::sync::Arc<hostid::Lock>>,
     /// Binds, in any order (applied parents first).
     pub binds: Vec<Bind>,
     /// Generated read-only files (curated `/etc/passwd`, `/etc/group`, ...).
@@ -156,15 +159,16 @@ pub struct JailSpec {
 }
 
 impl JailSpec {
-    /// An empty world for `uid`/`gid` inside, mapped to the supervisor's identity (or to nobody
-    /// when the supervisor is root).
+    /// An empty world for `uid`/`gid` inside, mapped to the supervisor's identity (or, when the
+    /// supervisor is root, to a host id of the proc's own).
     pub fn new(uid: u32, gid: u32) -> JailSpec {
-        let (host_uid, host_gid) = default_host_ids();
+        let host = hostid::allocate();
         JailSpec {
             uid,
             gid,
-            host_uid,
-            host_gid,
+            host_uid: host.uid,
+            host_gid: host.gid,
+            host_lock: host.lock,
             binds: Vec::new(),
             files: Vec::new(),
             symlinks: Vec::new(),
@@ -181,20 +185,6 @@ impl JailSpec {
             landlock: true,
             grace: Duration::from_secs(2),
         }
-    }
-}
-
-/// Unprivileged host identity of the proc. An ordinary user can only map its own ids; root maps
-/// the proc to `nobody` so that it is never root on the host.
-pub fn default_host_ids() -> (u32, u32) {
-    let (uid, gid) = (
-        nix::unistd::geteuid().as_raw(),
-        nix::unistd::getegid().as_raw(),
-    );
-    if uid == 0 {
-        (65534, 65534)
-    } else {
-        (uid, gid)
     }
 }
 

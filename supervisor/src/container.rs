@@ -53,8 +53,8 @@ pub struct JailOpts {
     #[arg(long, value_enum, default_value_t = NetArg::None)]
     pub net: NetArg,
 
-    /// The proc's uid inside its user namespace (its host uid is the supervisor's, or 65534
-    /// when the supervisor is root).
+    /// The proc's uid inside its user namespace (its host uid is the supervisor's, or one of
+    /// the proc's own when the supervisor is root).
     #[arg(long, value_name = "UID", default_value_t = 1000)]
     pub uid: u32,
 

@@ -455,6 +455,8 @@ pub struct Child {
     go_tx: Option<OwnedFd>,
     /// The jail's cgroup, removed when dropped (keep it until the run ends).
     pub cgroup: Option<jail::limits::Cgroup>,
+    /// The lock that keeps the proc's host id its own (keep it until the run ends).
+    pub host_lock: Option<std::sync::Arc<jail::hostid::Lock>>,
 }
 
 impl Child {
@@ -612,6 +614,7 @@ pub fn spawn(mut p: Prepared) -> Result<Child, Failure> {
         status_rx,
         go_tx: Some(go_tx),
         cgroup: None,
+        host_lock: None,
     })
     // `p` (with the scratch bind sources) drops here: the child's mounts are made (the listener
     // only comes after them) and keep the inodes alive.
@@ -894,5 +897,6 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         status_rx: exec_rx,
         go_tx: Some(go_tx),
         cgroup,
+        host_lock: plan.spec.host_lock.take(),
     })
 }

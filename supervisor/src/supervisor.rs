@@ -328,6 +328,7 @@ pub fn supervise(
     let pid = child.pid;
     let display = child.display.clone();
     let _cgroup = child.cgroup.take();
+    let _host_lock = child.host_lock.take();
     if let Err(errno) = child.exec_result() {
         let _ = wait_all(pid, grace);
         let e = Errno::from_raw(errno);

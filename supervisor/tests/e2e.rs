@@ -747,3 +747,38 @@ print("bind ok")
     assert!(!denied.join("new.sock").exists());
     assert!(dir.path().join("ok.sock").exists());
 }
+
+#[test]
+fn each_proc_of_a_root_supervisor_has_a_host_id_of_its_own() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP: needs a root supervisor (an ordinary user's procs run as that user)");
+        return;
+    }
+    // The outside id of the proc's uid, read while a second proc is alive.
+    let code = "import time; print(open('/proc/self/uid_map').read().split()[1], flush=True); time.sleep(1)";
+    let spawn = || {
+        sup()
+            .args(["python3", "-c", code])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let id = |c: std::process::Child| {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+    };
+    let (ia, ib) = (id(a), id(b));
+    assert_ne!(ia, ib, "two procs at once share a host uid");
+    for i in [ia, ib] {
+        assert!(
+            (jail::hostid::FIRST..jail::hostid::FIRST + jail::hostid::SLOTS).contains(&i),
+            "{i}"
+        );
+    }
+}
