@@ -39,17 +39,45 @@ pub fn allocate() -> HostId {
             lock: None,
         };
     }
-    match allocate_in(std::path::Path::new(LOCK_DIR)) {
-        Some(id) => id,
-        None => {
-            tracing::debug!("no per-proc host id ({LOCK_DIR} unusable): the proc runs as nobody");
-            HostId {
-                uid: 65534,
-                gid: 65534,
-                lock: None,
-            }
-        }
+    // Root of a user namespace (a container) may not have the range mapped: then nobody, and
+    // where even that is unmapped, root's own ids (an unprivileged user outside).
+    let mapped = |id: u32| ["uid_map", "gid_map"].iter().all(|m| maps(m, id, 1));
+    if let Some(id) = allocate_in(std::path::Path::new(LOCK_DIR))
+        .filter(|_| ["uid_map", "gid_map"].iter().all(|m| maps(m, FIRST, SLOTS)))
+    {
+        return id;
     }
+    tracing::debug!("no per-proc host id ({LOCK_DIR} unusable or the range unmapped)");
+    let (uid, gid) = if mapped(65534) {
+        (65534, 65534)
+    } else {
+        tracing::warn!(
+            "this user namespace maps neither a per-proc id nor nobody: the proc runs as the \
+             supervisor's own ids"
+        );
+        (uid, gid)
+    };
+    HostId {
+        uid,
+        gid,
+        lock: None,
+    }
+}
+
+/// Whether `/proc/self/{map}` maps ids `first..first + n` into our user namespace.
+fn maps(map: &str, first: u32, n: u32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/self/{map}")) else {
+        return false;
+    };
+    let end = u64::from(first) + u64::from(n);
+    text.lines().any(|l| {
+        let f: Vec<u64> = l
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        matches!(f.as_slice(), [inside, _, count]
+            if *inside <= u64::from(first) && end <= inside.saturating_add(*count))
+    })
 }
 
 /// The first free slot, starting from one derived from our pid (so concurrent supervisors
@@ -87,6 +115,17 @@ pub fn allocate_in(dir: &std::path::Path) -> Option<HostId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_range_is_mapped_here() {
+        // This test runs in the initial user namespace (0 0 4294967295) or in one that maps
+        // at least the range; a namespace without it falls back to nobody.
+        if std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|m| m.trim() == "0 0 4294967295")
+        {
+            assert!(maps("uid_map", FIRST, SLOTS) && maps("gid_map", 65534, 1));
+            assert!(!maps("uid_map", u32::MAX, 1));
+        }
+    }
 
     #[test]
     fn ids_are_unique_while_held_and_free_again_after() {
