@@ -282,7 +282,21 @@ pub fn landlock_abi() -> i64 {
 
 /// A detached, read-only (nosuid, nodev), recursive clone of the mount tree at `dir`
 /// (open_tree + mount_setattr): what is opened beneath it cannot be written through.
+///
+/// Both calls need CAP_SYS_ADMIN over the caller's mount namespace. An ordinary user has it
+/// only in a namespace of its own: then a short-lived helper makes the clone in a new user and
+/// mount namespace and hands the descriptor back (see `readonly_view_rootless`); the clone
+/// outlives the helper, and opening through it works from any namespace.
 pub fn readonly_tree(dir: &std::ffi::CStr) -> Result<std::os::fd::OwnedFd, nix::errno::Errno> {
+    match readonly_here(dir) {
+        Err(nix::errno::Errno::EPERM) if !nix::unistd::geteuid().is_root() => {
+            readonly_view_rootless(dir)
+        }
+        r => r,
+    }
+}
+
+fn readonly_here(dir: &std::ffi::CStr) -> Result<std::os::fd::OwnedFd, nix::errno::Errno> {
     use std::os::fd::AsFd;
     let fd = sys::clone_tree(dir)?;
     sys::set_tree_attrs(
@@ -290,6 +304,80 @@ pub fn readonly_tree(dir: &std::ffi::CStr) -> Result<std::os::fd::OwnedFd, nix::
         sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
     )?;
     Ok(fd)
+}
+
+/// [`readonly_tree`] for an ordinary user. Call while single-threaded (it forks).
+#[allow(unsafe_code)]
+fn readonly_view_rootless(dir: &std::ffi::CStr) -> Result<std::os::fd::OwnedFd, nix::errno::Errno> {
+    use nix::sys::socket::{
+        recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+        SockFlag, SockType,
+    };
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    // SAFETY: the caller is single-threaded (documented); the child only makes system calls on
+    // `dir` and the socket, then exits.
+    let pid = unsafe { sys::clone_fork(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) }?;
+    if pid == 0 {
+        drop(ours);
+        // Every capability in the new user namespace, which owns the new mount namespace:
+        // enough for open_tree and mount_setattr, and no id mapping is needed for either.
+        let (code, fd) = match readonly_here(dir) {
+            Ok(fd) => (0i32, Some(fd)),
+            Err(e) => (e as i32, None),
+        };
+        let raw: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
+        let cmsg = [ControlMessage::ScmRights(&raw)];
+        let bytes = code.to_ne_bytes();
+        let iov = [std::io::IoSlice::new(&bytes)];
+        let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
+        let _ = sendmsg::<()>(theirs.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None);
+        sys::exit_now(0)
+    }
+    drop(theirs);
+    let mut buf = [0u8; 4];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let got = {
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        recvmsg::<()>(
+            ours.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map(|m| {
+            let fds: Vec<i32> = m
+                .cmsgs()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| match c {
+                    ControlMessageOwned::ScmRights(f) => Some(f),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            (m.bytes, fds)
+        })
+    };
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    let (n, fds) = got?;
+    // SAFETY: each fd was just received with SCM_RIGHTS: new descriptors nobody else owns.
+    let mut owned: Vec<std::os::fd::OwnedFd> = fds
+        .into_iter()
+        .map(|f| unsafe { std::os::fd::OwnedFd::from_raw_fd(f) })
+        .collect();
+    if n != 4 {
+        return Err(nix::errno::Errno::EIO);
+    }
+    match i32::from_ne_bytes(buf) {
+        0 => owned.pop().ok_or(nix::errno::Errno::EIO),
+        e => Err(nix::errno::Errno::from_raw(e)),
+    }
 }
 
 /// Start-up timeline for measurement: with `SIGMA_SUPERVISE_TIMELINE=1` in the environment,

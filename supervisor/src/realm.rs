@@ -169,6 +169,14 @@ impl RealmPlan {
         if !self.opts.lazy {
             return None;
         }
+        if !nix::unistd::geteuid().is_root() {
+            // A loop mount and fanotify's pre-content events need CAP_SYS_ADMIN on the host.
+            eprintln!(
+                "sigma-supervise: realm {}: the lazy backend needs root; serving by notification",
+                self.opts.realm
+            );
+            return None;
+        }
         let snapshot = self.realm_dir.join("index.json");
         // The image's name, remembered with the snapshot's identity (written once, by rename):
         // a warm start does not parse the index (~1 ms for numpy).

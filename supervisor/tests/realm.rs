@@ -617,3 +617,91 @@ fn kill_9_during_a_cold_import_never_gives_wrong_bytes_and_the_next_run_complete
     }
     assert!(killed_mid > 0, "no kill landed during the import");
 }
+
+/// Started by an ordinary user (nobody here): the realm is fetched, installed and served as for
+/// root (the served directory's read-only view is made in a user namespace of the
+/// supervisor's own), and `--lazy` says it falls back to notifications.
+#[test]
+fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP: needs root to become an ordinary user (nobody) for this test");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
+    mode(tmp.path(), 0o755).unwrap();
+    let bin = tmp.path().join("sigma-supervise");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_sigma-supervise"), &bin).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_sigma-supervise"), &bin).unwrap();
+    }
+    let pkg = common::make_pkg(&tmp.path().join("src"), "demo_u", 1000);
+    // Never imported: the realm stays incomplete, so the second run considers --lazy.
+    let other = common::make_pkg(&tmp.path().join("src"), "demo_v", 1000);
+    let dir = tmp.path().join("bucket");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bucket = format!("file://{}", dir.display());
+    publish(&bucket, &[], &[&pkg, &other]);
+    let status = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (cache, work) = (tmp.path().join("cache"), tmp.path().join("work"));
+    for d in [&cache, &work] {
+        std::fs::create_dir(d).unwrap();
+        nix::unistd::chown(d, Some(65534.into()), Some(65534.into())).unwrap();
+    }
+    let run = |extra: &[&str]| {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&bin)
+            .args(["--stats", "--realm", "r", "--bucket", &bucket])
+            .args(extra)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args([
+                "/usr/bin/python3",
+                "-c",
+                "import demo_u, os; print(demo_u.__file__, os.getuid())",
+            ])
+            .current_dir(&work)
+            .env_remove("PYTHONPATH")
+            .env("HOME", &work)
+            .env_remove("XDG_CACHE_HOME")
+            .output()
+            .unwrap();
+        show(&out);
+        out
+    };
+    let out = run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with(&format!("{PREFIX}/demo_u")),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).trim_end().ends_with(" 1000"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(fetched(&out), 1);
+    assert!(
+        stderr(&out).contains("backend notification"),
+        "{}",
+        stderr(&out)
+    );
+    // The realm's cache is the user's own.
+    let lib = cache.join("realms/r/lib");
+    assert_eq!(std::fs::metadata(&lib).unwrap().uid(), 65534);
+    let out = run(&["--lazy"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the lazy backend needs root; serving by notification"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(fetched(&out), 0, "installed by the first run");
+}
