@@ -35,8 +35,9 @@ use std::process::ExitCode;
 /// directory read-write (--cwd ro|none), a private /tmp, a minimal /dev and its own /proc. The
 /// supervisor's cache, buckets and state are never visible. --bind/--bind-rw add host paths;
 /// with --trace or --stats, a write refused because the jail shows a directory read-only gets a
-/// one-line hint naming the flag that makes it writable. Landlock and the seccomp list are further layers. A PROGRAM that collides with a subcommand
-/// name (`publish`) can be given after `--`.
+/// one-line hint naming the flag that makes it writable. Landlock and the seccomp list are
+/// further layers. A PROGRAM that collides with a subcommand name (`publish`) can be given
+/// after `--`.
 #[derive(Debug, Parser)]
 #[command(
     name = "sigma-supervise",
