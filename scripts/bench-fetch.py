@@ -35,23 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import default_supervisor, real_python
+
 ROOT = Path(__file__).resolve().parent.parent
 USER, PASS = "benchuser", "bench-secret-key"
 
 
-def default_supervisor() -> str:
-    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    return str(target / "release" / "sigma-supervise")
-
-
 def ci_cache() -> Path:
     return Path(os.environ.get("SIGMA_CACHE", Path.home() / ".cache" / "sigma-ci"))
-
-
-def real_python(python: str) -> str:
-    out = subprocess.run([python, "-c", "import sys; print(sys.executable)"],
-                         check=True, capture_output=True, text=True)
-    return out.stdout.strip()
 
 
 def free_port() -> int:

@@ -22,18 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def default_supervisor() -> str:
-    root = Path(__file__).resolve().parent.parent
-    target = Path(os.environ.get("CARGO_TARGET_DIR", root / "target"))
-    return str(target / "release" / "sigma-supervise")
-
-
-def real_python(python: str) -> str:
-    # pyenv's `python3` is a bash shim; measure the interpreter itself on both sides.
-    out = subprocess.run([python, "-c", "import sys; print(sys.executable)"],
-                         check=True, capture_output=True, text=True)
-    return out.stdout.strip()
+from benchlib import default_supervisor, real_python
 
 
 def timed(cmd: list[str]) -> float:

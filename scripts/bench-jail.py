@@ -22,17 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def default_supervisor() -> str:
-    root = Path(__file__).resolve().parent.parent
-    target = Path(os.environ.get("CARGO_TARGET_DIR", root / "target"))
-    return str(target / "release" / "sigma-supervise")
-
-
-def real_python() -> str:
-    out = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"],
-                         check=True, capture_output=True, text=True)
-    return out.stdout.strip()
+from benchlib import default_supervisor, real_python
 
 
 def bwrap_view(prefix: str) -> list[str]:

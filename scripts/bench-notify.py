@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchlib import default_supervisor, real_python
+
 PROGRAM = r"""
 import ctypes, os, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -66,19 +68,6 @@ print((time.perf_counter_ns() - t0) / n / 1000)
 """
 
 CALLS = ["stat-abs", "stat-rel", "open-abs"]
-
-
-def default_supervisor() -> str:
-    root = Path(__file__).resolve().parent.parent
-    target = Path(os.environ.get("CARGO_TARGET_DIR", root / "target"))
-    return str(target / "release" / "sigma-supervise")
-
-
-def real_python() -> str:
-    # pyenv's `python3` is a bash shim; run the interpreter itself.
-    out = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"],
-                         check=True, capture_output=True, text=True)
-    return out.stdout.strip()
 
 
 def main() -> None:
