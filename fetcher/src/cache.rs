@@ -146,13 +146,9 @@ pub fn realm_complete(root: &Path, realm: &str) -> Result<Option<usize>> {
     let n = realm_complete_slow(&realm_dir, &path)?;
     // Remembered only if nothing changed while the markers were read.
     if let Some(k) = key.filter(|k| complete_key(&realm_dir).as_ref() == Some(k)) {
-        let tmp = realm_dir.join(format!(".complete.{}", std::process::id()));
         let answer = n.map_or_else(|| "-".to_owned(), |n| n.to_string());
-        if std::fs::write(&tmp, format!("{k}{answer}\n")).is_err()
-            || std::fs::rename(&tmp, &stamp).is_err()
-        {
-            let _ = std::fs::remove_file(&tmp);
-        }
+        // Only an optimisation: a stamp that cannot be written is built again next time.
+        let _ = write_renamed(&stamp, format!("{k}{answer}\n").as_bytes());
     }
     Ok(n)
 }
@@ -898,7 +894,7 @@ impl<R: Read> Read for Bounded<R> {
 
 /// Write `data` to `path` through a temporary name and a rename, without flushing: a reader
 /// never sees half a file; durability is the boot stamp's concern (see the module docs).
-fn write_renamed(path: &Path, data: &[u8]) -> Result<()> {
+pub fn write_renamed(path: &Path, data: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp = tempfile::Builder::new()
         .prefix(".tmp-")

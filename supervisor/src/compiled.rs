@@ -10,10 +10,9 @@
 use crate::policy::Policy;
 use anyhow::Context as _;
 use notify::CompiledFilter;
-use std::io::Write as _;
 use std::os::unix::fs::DirBuilderExt as _;
 use std::os::unix::fs::MetadataExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The options of a run that shape its policy and filter.
 pub struct Options<'a> {
@@ -206,14 +205,7 @@ fn write(file: &Path, entry: &Entry) -> anyhow::Result<()> {
         .mode(0o700)
         .create(dir)?;
     let body = serde_json::to_string(entry)?;
-    let tmp: PathBuf = dir.join(format!(".{}.tmp", std::process::id()));
-    let mut f = std::fs::File::create(&tmp)?;
-    writeln!(f, "{}", digest(&body))?;
-    f.write_all(body.as_bytes())?;
-    drop(f);
-    std::fs::rename(&tmp, file).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })?;
+    fetcher::cache::write_renamed(file, format!("{}\n{body}", digest(&body)).as_bytes())?;
     Ok(())
 }
 

@@ -197,14 +197,8 @@ impl RealmPlan {
             None => {
                 let index = load()?;
                 let k = crate::lazyfs::LazyImage::key_of(&index);
-                let tmp = self
-                    .realm_dir
-                    .join(format!(".lazy-key.{}", std::process::id()));
-                if std::fs::write(&tmp, format!("{id}{k}\n")).is_err()
-                    || std::fs::rename(&tmp, &key_file).is_err()
-                {
-                    let _ = std::fs::remove_file(&tmp);
-                }
+                // Only an optimisation: a key that cannot be kept is computed again next time.
+                let _ = fetcher::cache::write_renamed(&key_file, format!("{id}{k}\n").as_bytes());
                 loaded = Some(index);
                 k
             }
