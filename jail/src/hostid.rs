@@ -41,14 +41,15 @@ pub fn allocate() -> HostId {
     }
     // Root of a user namespace (a container) may not have the range mapped: then nobody, and
     // where even that is unmapped, root's own ids (an unprivileged user outside).
-    let mapped = |id: u32| ["uid_map", "gid_map"].iter().all(|m| maps(m, id, 1));
-    if let Some(id) = allocate_in(std::path::Path::new(LOCK_DIR))
-        .filter(|_| ["uid_map", "gid_map"].iter().all(|m| maps(m, FIRST, SLOTS)))
-    {
-        return id;
+    let mapped = |first: u32, n: u32| ["uid_map", "gid_map"].iter().all(|m| maps(m, first, n));
+    // The range is checked first: a lock is taken only for an id the namespace can map.
+    if mapped(FIRST, SLOTS) {
+        if let Some(id) = allocate_in(std::path::Path::new(LOCK_DIR)) {
+            return id;
+        }
     }
     tracing::debug!("no per-proc host id ({LOCK_DIR} unusable or the range unmapped)");
-    let (uid, gid) = if mapped(65534) {
+    let (uid, gid) = if mapped(65534, 1) {
         (65534, 65534)
     } else {
         tracing::warn!(
