@@ -72,7 +72,13 @@ pub struct LocalDirStore {
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-fn open_beneath(dir: &OwnedFd, rel: &str, flags: OFlag, mode: Mode) -> Result<OwnedFd, Errno> {
+/// Open `rel` beneath `dir` and nowhere else: no `..` out, no symlinks, no magic links.
+pub(crate) fn open_beneath(
+    dir: &OwnedFd,
+    rel: &str,
+    flags: OFlag,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
     openat2(
         dir,
         rel,

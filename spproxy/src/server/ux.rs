@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use nix::errno::Errno;
-use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
+use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{fstatat, Mode};
 use nix::unistd::UnlinkatFlags;
 
@@ -106,18 +106,7 @@ pub fn check_mode(mode: u32, path: &str) -> Result<(), Rerror> {
 
 impl Inner {
     pub fn open_beneath(&self, rel: &str, flags: OFlag, mode: Mode) -> Result<OwnedFd, Errno> {
-        openat2(
-            &self.root,
-            rel,
-            OpenHow::new()
-                .flags(flags | OFlag::O_CLOEXEC)
-                .mode(mode)
-                .resolve(
-                    ResolveFlag::RESOLVE_BENEATH
-                        | ResolveFlag::RESOLVE_NO_SYMLINKS
-                        | ResolveFlag::RESOLVE_NO_MAGICLINKS,
-                ),
-        )
+        crate::store::open_beneath(&self.root, rel, flags, mode)
     }
 
     /// The parent directory (opened beneath the root) and final name of `rel`.
