@@ -812,6 +812,16 @@ impl Profile {
             SyscallAction::Errno(n) => Action::Errno(n),
             SyscallAction::Kill => Action::KillProcess,
         };
+        // The conditions of each syscall that has conditional entries (few do), gathered once:
+        // every run that loads a profile builds this spec.
+        let mut conditional: std::collections::HashMap<&str, Vec<ArgCmp>> =
+            std::collections::HashMap::new();
+        for c in self.syscalls.iter().filter(|c| !c.when.is_empty()) {
+            conditional
+                .entry(c.name.as_str())
+                .or_default()
+                .extend(c.when.iter().copied());
+        }
         let mut rules = Vec::with_capacity(self.syscalls.len());
         for e in &self.syscalls {
             // An unconditional entry next to a conditional one (validated: a single condition
@@ -820,12 +830,9 @@ impl Profile {
             if action(e.action) == default {
                 continue;
             }
-            let conds: Vec<ArgCmp> = self
-                .syscalls
-                .iter()
-                .filter(|c| c.name == e.name && !c.when.is_empty())
-                .flat_map(|c| c.when.iter().copied())
-                .collect();
+            let conds = conditional
+                .get(e.name.as_str())
+                .map_or(&[][..], |v| v.as_slice());
             if !e.when.is_empty() || conds.is_empty() {
                 rules.push(SyscallRule {
                     name: e.name.clone(),
@@ -835,7 +842,7 @@ impl Profile {
                 continue;
             }
             // Validated in check_mixed: the complement exists.
-            for c in complement_all(&conds).unwrap_or_default() {
+            for c in complement_all(conds).unwrap_or_default() {
                 rules.push(SyscallRule {
                     name: e.name.clone(),
                     action: action(e.action),

@@ -303,10 +303,13 @@ impl Policy {
                 *k = Some(Kind::Refused(refused));
             }
         }
-        for name in self.profile.notified_syscalls() {
-            let nr = libseccomp::ScmpSyscall::from_name(&name)
-                .with_context(|| format!("syscall `{name}`"))?;
-            let nr = usize::try_from(i32::from(nr))
+        // The profile resolved each name to its native number when it was parsed.
+        let notified = self.profile.notified_syscalls();
+        for (name, nr) in notified
+            .into_iter()
+            .zip(self.profile.notified_syscall_nrs())
+        {
+            let nr = usize::try_from(nr)
                 .ok()
                 .filter(|n| *n < max)
                 .ok_or_else(|| anyhow!("syscall `{name}` has no native number"))?;
