@@ -30,7 +30,7 @@
 //! package's lock file (other processes and supervisors), then a re-check of the marker. Tasks
 //! that waited for an install that failed get its error instead of trying again at once.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -212,6 +212,149 @@ fn realm_complete_slow(realm_dir: &Path, path: &Path) -> Result<Option<usize>> {
     Ok(Some(index.packages().len()))
 }
 
+/// More top-level entries than this and a realm is not shown from trees (one mount each);
+/// its own lib dir (one mount) serves it once installed.
+pub const MAX_TREE_ENTRIES: usize = 512;
+
+/// One top-level entry of a realm, shown from its package's shared tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeEntry {
+    /// File or directory name at the lib prefix (`numpy`, `six.py`).
+    pub name: String,
+    pub is_dir: bool,
+    /// `<root>/trees/<archive sha256>/<name>`.
+    pub source: PathBuf,
+}
+
+/// A realm every package of which has a shared tree ([`realm_trees`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeView {
+    pub packages: usize,
+    /// Sorted by name.
+    pub entries: Vec<TreeEntry>,
+    /// The cache tag of the bytecode each package with Python sources ships (`None`: none),
+    /// by package: a tree holds only what was published, never bytecode compiled for a realm
+    /// afterwards.
+    pub bytecode: BTreeMap<String, Option<String>>,
+}
+
+impl TreeView {
+    /// Whether every package with Python sources ships bytecode for interpreters of cache tag
+    /// `tag` (`cpython-311`): else a realm of its own, compiled after install, imports faster.
+    pub fn compiled_for(&self, tag: &str) -> bool {
+        self.bytecode.values().all(|b| b.as_deref() == Some(tag))
+    }
+}
+
+/// The realm's libraries as shared trees, if its index snapshot exists and every package of it
+/// has a tree (built here from the CAS when all its files are there, ~1,500 links for numpy,
+/// once per archive on the machine): then a target can be shown the realm by one read-only
+/// mount per top-level entry, and a realm never seen before needs no install of its own.
+/// `None`: a package's content is missing (fetch it: notification or lazy path), more than
+/// [`MAX_TREE_ENTRIES`] entries, or the cache awaits its crash check.
+///
+/// Remembered in `<realm>/trees`, keyed by the identity of the snapshot and the modification
+/// times of `cas/` and `trees/` (content added anywhere is a new key); a remembered view is used
+/// after checking that its trees still exist.
+pub fn realm_trees(root: &Path, realm: &str) -> Result<Option<TreeView>> {
+    use std::os::unix::fs::MetadataExt as _;
+    check_realm(realm)?;
+    if needs_recovery(root)? {
+        return Ok(None);
+    }
+    let realm_dir = root.join("realms").join(realm);
+    let snapshot = realm_dir.join("index.json");
+    let id = |p: &Path| {
+        std::fs::metadata(p).ok().map(|m| {
+            format!(
+                "{}:{}:{}:{}.{}",
+                m.dev(),
+                m.ino(),
+                m.size(),
+                m.mtime(),
+                m.mtime_nsec()
+            )
+        })
+    };
+    let Some(index_id) = id(&snapshot) else {
+        return Ok(None);
+    };
+    let key = |root: &Path| {
+        format!(
+            "v1 index {index_id} cas {} trees {}",
+            id(&root.join("cas")).unwrap_or_default(),
+            id(&root.join("trees")).unwrap_or_default()
+        )
+    };
+    #[derive(Serialize, Deserialize)]
+    struct Stamp {
+        key: String,
+        view: Option<TreeView>,
+    }
+    let stamp_path = realm_dir.join("trees");
+    let before = key(root);
+    if let Some(stamp) = std::fs::read(&stamp_path)
+        .ok()
+        .and_then(|d| serde_json::from_slice::<Stamp>(&d).ok())
+        .filter(|s| s.key == before)
+    {
+        match stamp.view {
+            None => return Ok(None),
+            Some(v)
+                if v.entries
+                    .iter()
+                    .all(|e| e.source.symlink_metadata().is_ok()) =>
+            {
+                return Ok(Some(v))
+            }
+            Some(_) => {}
+        }
+    }
+    let data = std::fs::read(&snapshot).ctx("read", &snapshot)?;
+    let index = Index::from_json(&snapshot.display().to_string(), &data)?;
+    let entries = index.top_level_entries();
+    let mut view = None;
+    if !index.packages().is_empty() && entries.len() <= MAX_TREE_ENTRIES {
+        let mut trees = HashMap::new();
+        for pkg in index.packages().values() {
+            match ensure_tree(root, pkg)? {
+                Some(t) => trees.insert(pkg.name.clone(), t),
+                None => {
+                    trees.clear();
+                    break;
+                }
+            };
+        }
+        if trees.len() == index.packages().len() {
+            view = Some(TreeView {
+                packages: trees.len(),
+                bytecode: index
+                    .packages()
+                    .values()
+                    .filter(|p| p.files.iter().any(|f| f.path.ends_with(".py")))
+                    .map(|p| (p.name.clone(), p.bytecode.clone()))
+                    .collect(),
+                entries: entries
+                    .into_iter()
+                    .map(|e| TreeEntry {
+                        source: trees[&e.package].join(&e.name),
+                        name: e.name,
+                        is_dir: e.is_dir,
+                    })
+                    .collect(),
+            });
+        }
+    }
+    // Building trees changes `trees/`: keyed by what is there now, so the next run hits.
+    let stamp = Stamp {
+        key: key(root),
+        view: view.clone(),
+    };
+    // Only an optimisation: a stamp that cannot be written is worked out again next time.
+    let _ = write_renamed(&stamp_path, &serde_json::to_vec(&stamp).unwrap_or_default());
+    Ok(view)
+}
+
 /// One realm's view of the library bucket, installed on demand under a shared cache root.
 pub struct RealmCache {
     root: PathBuf,
@@ -285,6 +428,16 @@ fn pid_alive(pid: i32) -> bool {
 /// Name of the boot stamp under the cache root (see the module docs).
 const UNSYNCED: &str = "unsynced";
 
+/// Record under `root` that this boot has unflushed writes there (see the module docs).
+fn stamp_unsynced(root: &Path) -> Result<()> {
+    let boot = boot_id()?;
+    let stamp = root.join(UNSYNCED);
+    if std::fs::read_to_string(&stamp).map_or(true, |b| b.trim() != boot) {
+        write_atomic(&stamp, boot.as_bytes())?;
+    }
+    Ok(())
+}
+
 /// This boot's id, as the kernel reports it.
 fn boot_id() -> Result<String> {
     let p = "/proc/sys/kernel/random/boot_id";
@@ -337,6 +490,9 @@ fn recover_after_crash(root: &Path) -> Result<()> {
             remove_any(&path)?;
         }
     }
+    // Trees link to cas/ inodes, possibly to one just dropped, and may be half written: they
+    // are derived from the CAS and built again on demand.
+    remove_any(&root.join("trees"))?;
     let realms = root.join("realms");
     let listing = match std::fs::read_dir(&realms) {
         Ok(l) => l,
@@ -572,6 +728,16 @@ impl RealmCache {
             .packages_installed
             .fetch_add(1, Ordering::Relaxed);
         lock(&self.installed).insert(pkg.name.clone());
+        // The package's shared tree, for realms that meet it later (off the reader's path; a
+        // supervisor that exits first leaves a temporary the next builder sweeps).
+        if !tree_dir(&self.root, &pkg.archive.sha256).is_dir() {
+            let (root, pkg) = (self.root.clone(), pkg.clone());
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = ensure_tree(&root, &pkg) {
+                    tracing::debug!(error = %e, package = %pkg.name, "no shared tree");
+                }
+            });
+        }
         Ok(EnsureOutcome {
             package: pkg.name.clone(),
             dir,
@@ -644,11 +810,7 @@ impl RealmCache {
         if self.stamped.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let boot = boot_id()?;
-        let stamp = self.root.join(UNSYNCED);
-        if std::fs::read_to_string(&stamp).map_or(true, |b| b.trim() != boot) {
-            write_atomic(&stamp, boot.as_bytes())?;
-        }
+        stamp_unsynced(&self.root)?;
         self.stamped.store(true, Ordering::Relaxed);
         Ok(())
     }
@@ -1098,6 +1260,73 @@ fn sync_fs(dir: &Path) -> Result<()> {
     nix::unistd::syncfs(&d).map_err(|e| FetchError::io("syncfs", dir, e.into()))
 }
 
+/// Where the store keeps the shared, read-only tree of the package whose archive has this
+/// sha256 (see [`ensure_tree`]).
+pub fn tree_dir(root: &Path, archive_sha256: &str) -> PathBuf {
+    root.join("trees").join(archive_sha256)
+}
+
+/// The package's shared tree, `<root>/trees/<archive sha256>/` (its top-level entries, every
+/// file a hard link to the verified `cas/` copy): built from the CAS when every file of the
+/// package is there, else `None`. A tree appears whole or not at all (built under a temporary
+/// name and renamed into place; concurrent builders race harmlessly and the loser's copy goes)
+/// and is never changed afterwards, so a realm whose packages all have trees can show them
+/// to its target by bind-mounting each top-level entry, with nothing of its own to install.
+/// Trees are shared by every realm of the root, as the CAS is: realms share directories, not
+/// only files.
+pub fn ensure_tree(root: &Path, pkg: &Package) -> Result<Option<PathBuf>> {
+    let dir = tree_dir(root, &pkg.archive.sha256);
+    if dir.is_dir() {
+        return Ok(Some(dir));
+    }
+    let cas = root.join("cas");
+    if !pkg
+        .files
+        .iter()
+        .all(|f| cas_has(&cas.join(&f.sha256), f.size))
+    {
+        return Ok(None);
+    }
+    stamp_unsynced(root)?;
+    let trees = root.join("trees");
+    std::fs::create_dir_all(&trees).ctx("create dir", &trees)?;
+    sweep_dead_trees(&trees);
+    let tmp = trees.join(format!(
+        ".tmp.{}.{:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    let built = link_tree(pkg, root, &tmp).and_then(|()| {
+        std::fs::rename(&tmp, &dir).or_else(|e| {
+            // Another builder got there first: its tree is the same.
+            if dir.is_dir() {
+                Ok(())
+            } else {
+                Err(FetchError::io("rename into", &dir, e))
+            }
+        })
+    });
+    let _ = remove_any(&tmp);
+    built.map(|()| Some(dir))
+}
+
+/// Remove tree builds left by processes that no longer exist (`.tmp.<pid>.<rand>`).
+fn sweep_dead_trees(trees: &Path) {
+    let Ok(list) = std::fs::read_dir(trees) else {
+        return;
+    };
+    for e in list.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(".tmp.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|p| p.parse::<i32>().ok());
+        if pid.is_some_and(|p| p != std::process::id() as i32 && !pid_alive(p)) {
+            let _ = remove_any(&e.path());
+        }
+    }
+}
+
 /// Build the package's tree under `tree` from hard links into the CAS.
 fn link_tree(pkg: &Package, root: &Path, tree: &Path) -> Result<()> {
     std::fs::create_dir(tree).ctx("create dir", tree)?;
@@ -1314,7 +1543,17 @@ mod tests {
             ia.ino(),
             "identical files in one package share the inode"
         );
-        assert_eq!(ia.nlink(), 5, "cas + two paths in each of two realms");
+        // The package's shared tree is built in the background after the first install.
+        let tree = wait_for_tree(&root);
+        assert_eq!(
+            ia.ino(),
+            std::fs::metadata(tree.join("demo/data.bin")).unwrap().ino()
+        );
+        assert_eq!(
+            std::fs::metadata(oa.dir.join("data.bin")).unwrap().nlink(),
+            7,
+            "cas + two paths in each of two realms and in the shared tree"
+        );
         assert_eq!(ia.mode() & 0o777, 0o444);
         assert_ne!(
             std::fs::metadata(&oa.dir).unwrap().ino(),
@@ -1392,6 +1631,7 @@ mod tests {
         let root = tmp.path().join("c");
         let cache = RealmCache::open(&root, "r", store.clone(), FetchConfig::default()).unwrap();
         cache.ensure("demo").await.unwrap();
+        wait_for_tree(&root);
         assert_eq!(
             std::fs::read_to_string(root.join(UNSYNCED)).unwrap(),
             boot_id().unwrap(),
@@ -1417,6 +1657,10 @@ mod tests {
         let cache = RealmCache::open(&root, "r", store, FetchConfig::default()).unwrap();
         assert!(!root.join(UNSYNCED).exists(), "checked, flushed, unstamped");
         assert!(!init.exists(), "the damaged file left the CAS");
+        assert!(
+            !root.join("trees").exists(),
+            "trees, which may link the damaged file, are dropped"
+        );
         assert!(other.exists(), "intact files stay");
         assert!(
             !cache.is_installed("demo"),
@@ -1428,6 +1672,93 @@ mod tests {
             std::fs::read_to_string(cache.lib_dir().join("demo/__init__.py")).unwrap(),
             "X = 1\n"
         );
+    }
+
+    /// The one shared tree under `root`, once it is built and no build is under way.
+    fn wait_for_tree(root: &Path) -> PathBuf {
+        let trees = root.join("trees");
+        for _ in 0..500 {
+            let names: Vec<String> = std::fs::read_dir(&trees)
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let [name] = names.as_slice() {
+                if !name.starts_with('.') {
+                    return trees.join(name);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("no shared tree under {}", trees.display());
+    }
+
+    #[tokio::test]
+    async fn a_realm_whose_content_is_all_stored_is_shown_from_shared_trees() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let root = tmp.path().join("c");
+        assert_eq!(realm_trees(&root, "b").unwrap(), None, "no snapshot");
+        let b = RealmCache::open(&root, "b", store.clone(), FetchConfig::default()).unwrap();
+        b.index().await.unwrap();
+        assert_eq!(realm_trees(&root, "b").unwrap(), None, "no content yet");
+        assert!(
+            !root.join("trees").exists(),
+            "nothing is built without content"
+        );
+
+        let a = RealmCache::open(&root, "a", store.clone(), FetchConfig::default()).unwrap();
+        a.ensure("demo").await.unwrap();
+        let view = realm_trees(&root, "b")
+            .unwrap()
+            .expect("every package has its content");
+        assert_eq!(view.packages, 1);
+        let names: Vec<&str> = view.entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["demo"]);
+        let demo = &view.entries[0];
+        assert!(demo.is_dir && demo.source.starts_with(root.join("trees")));
+        assert_eq!(
+            std::fs::read_to_string(demo.source.join("__init__.py")).unwrap(),
+            "X = 1\n"
+        );
+        let stored = cache_file(&root, "demo/sub/mod.py", &store).await;
+        let shown = std::fs::metadata(demo.source.join("sub/mod.py")).unwrap();
+        assert_eq!(shown.ino(), std::fs::metadata(&stored).unwrap().ino());
+        assert_eq!(shown.mode() & 0o777, 0o444);
+        assert!(
+            !b.lib_dir().join("demo").exists(),
+            "the realm installs nothing of its own"
+        );
+        // Remembered, and whole: a second answer is the same, no temporary is left behind.
+        assert_eq!(realm_trees(&root, "b").unwrap().as_ref(), Some(&view));
+        wait_for_tree(&root);
+        // A tree that went away is built again, not shown missing.
+        std::fs::remove_dir_all(demo.source.parent().unwrap()).unwrap();
+        let again = realm_trees(&root, "b")
+            .unwrap()
+            .expect("rebuilt from the CAS");
+        assert!(again.entries[0].source.join("sub/mod.py").is_file());
+        assert_eq!(
+            again.bytecode.get("demo"),
+            Some(&None),
+            "published without bytecode"
+        );
+        assert!(!again.compiled_for("cpython-311"));
+
+        // A hostile snapshot cannot point a tree outside the store (the index checks every
+        // archive digest), and a package whose content is missing shows nothing.
+        let idx = std::fs::read_to_string(root.join("realms/b/index.json")).unwrap();
+        let sha = &view.entries[0]
+            .source
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap();
+        let bad = idx.replace(sha.to_str().unwrap(), "../../../../etc");
+        std::fs::write(root.join("realms/b/index.json"), bad).unwrap();
+        assert!(realm_trees(&root, "b").is_err());
     }
 
     /// The CAS path of the file `rel` of the published package.

@@ -20,7 +20,10 @@ mod retry;
 pub mod store;
 mod wheel;
 
-pub use cache::{default_cache_root, realm_complete, CacheStats, EnsureOutcome, RealmCache};
+pub use cache::{
+    default_cache_root, realm_complete, realm_trees, CacheStats, EnsureOutcome, RealmCache,
+    TreeEntry, TreeView,
+};
 pub use config::FetchConfig;
 pub use error::{FetchError, Result};
 pub use index::Index;

@@ -218,6 +218,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     let mut serves = cli.serve.clone();
     // A realm with nothing left to fetch is mounted, not served (see RealmPlan::kernel_served).
     let mut kernel_served = None;
+    // Or shown from the store's shared package trees (see RealmPlan::tree_view).
+    let mut trees = None;
     let mut lazy = None;
     if let Some(r) = &mut realm {
         r.compile_with = realm::python_of(&program);
@@ -226,6 +228,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         }
         kernel_served = r.kernel_served();
         if kernel_served.is_none() {
+            trees = r.tree_view();
+        }
+        if kernel_served.is_none() && trees.is_none() {
             lazy = r.lazy_image();
             if lazy.is_none() {
                 serves.push(r.serve_rule());
@@ -308,6 +313,23 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         if kernel_served.is_some() {
             prepared.bind_read_only(&r.lib, &r.opts.lib_prefix)?;
         }
+        if let Some(view) = &trees {
+            // The listing first (placeholders of every entry), then each entry over its own.
+            let listing: Vec<_> = view
+                .entries
+                .iter()
+                .map(|e| fetcher::index::TopLevelEntry {
+                    name: e.name.clone(),
+                    is_dir: e.is_dir,
+                    package: String::new(),
+                })
+                .collect();
+            let superlib = realm::build_superlib(&r.realm_dir.join("superlib"), &listing)?;
+            prepared.bind_read_only(&superlib, &r.opts.lib_prefix)?;
+            for e in &view.entries {
+                prepared.bind_read_only(&e.source, &r.opts.lib_prefix.join(&e.name))?;
+            }
+        }
         if let Some(img) = &lazy {
             prepared.bind_read_only(&img.mnt, &r.opts.lib_prefix)?;
         }
@@ -330,6 +352,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     let resolver: Box<dyn serve::Resolver> = match realm {
         Some(r) => match (kernel_served, lazy) {
             (Some(n), _) => Box::new(r.kernel_served_resolver(n)),
+            (None, _) if trees.is_some() => Box::new(r.trees_resolver(trees.as_ref())),
             // Marked before the target is released: its first touch already waits for a fill.
             (None, Some(img)) => Box::new(r.start_lazy(img)?),
             // Notified calls wait in the kernel until the notification thread reads them: the

@@ -84,7 +84,9 @@ pub struct RealmPlan {
     pub bucket: String,
     pub root: PathBuf,
     pub lib: PathBuf,
-    realm_dir: PathBuf,
+    pub realm_dir: PathBuf,
+    /// The bucket's index could not be had before the start ([`tree_view`](Self::tree_view)).
+    unreachable: Option<FetchError>,
 }
 
 impl RealmPlan {
@@ -133,6 +135,7 @@ impl RealmPlan {
             root,
             lib,
             realm_dir,
+            unreachable: None,
         }))
     }
 
@@ -159,6 +162,87 @@ impl RealmPlan {
             }
         }
         Some(n)
+    }
+
+    /// The realm shown from the store's shared package trees ([`fetcher::realm_trees`]): every
+    /// package of its snapshot has its content in the store, so each top-level entry is
+    /// bind-mounted read-only at the prefix over a listing of placeholders and the kernel
+    /// answers every call, with nothing installed for this realm. `None`: serve otherwise.
+    ///
+    /// A realm never run before has no snapshot: when the store holds content at all, the
+    /// bucket's index is fetched now, before the target starts (bounded by the fetch timeout;
+    /// a failure is kept for the notification path to report, not tried twice).
+    pub fn tree_view(&mut self) -> Option<fetcher::TreeView> {
+        let snapshot = self.realm_dir.join("index.json");
+        if !snapshot.exists() && self.store_has_content() {
+            self.fetch_snapshot();
+        }
+        let view = match fetcher::realm_trees(&self.root, &self.opts.realm) {
+            Ok(v) => v?,
+            Err(e) => {
+                tracing::debug!(error = %e, "shared trees unusable; serving otherwise");
+                return None;
+            }
+        };
+        if let Some(python) = &self.compile_with {
+            // Without the interpreter's own bytecode in the trees, a realm of its own (compiled
+            // after install) imports faster than sources compiled at every start.
+            if !cache_tag_of(python).is_some_and(|t| view.compiled_for(&t)) {
+                return None;
+            }
+        }
+        let prefix = &self.opts.lib_prefix;
+        if !prefix.is_dir() && std::fs::create_dir_all(prefix).is_err() {
+            return None;
+        }
+        Some(view)
+    }
+
+    /// Whether the store has any content (a fresh cache root cannot show a realm from trees).
+    fn store_has_content(&self) -> bool {
+        std::fs::read_dir(self.root.join("cas")).is_ok_and(|mut d| d.next().is_some())
+    }
+
+    /// Take the realm's index snapshot now, on a runtime that is gone again before the target
+    /// is forked (the supervisor forks single-threaded).
+    fn fetch_snapshot(&mut self) {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        let got = (|| -> Result<(), FetchError> {
+            let cfg = self.fetch_config();
+            let store: Arc<dyn fetcher::Store> = Arc::new(LazyStore::new(
+                &self.bucket,
+                &StoreOptions::default(),
+                &cfg,
+            )?);
+            let cache = RealmCache::open(&self.root, &self.opts.realm, store, cfg)?;
+            rt.block_on(cache.index()).map(|_| ())
+        })();
+        if let Err(e) = got {
+            tracing::debug!(error = %e, "no index snapshot before the start");
+            self.unreachable = Some(e);
+        }
+    }
+
+    fn fetch_config(&self) -> FetchConfig {
+        FetchConfig {
+            overall_timeout: Duration::from_secs_f64(self.opts.fetch_timeout),
+            ..FetchConfig::default()
+        }
+    }
+
+    /// The realm shown from trees ([`tree_view`](Self::tree_view)): only its `--stats` line.
+    pub fn trees_resolver(self, view: Option<&fetcher::TreeView>) -> KernelServed {
+        KernelServed {
+            realm: self.opts.realm,
+            bucket: self.bucket,
+            packages: view.map_or(0, |v| v.packages),
+            how: "shared package trees",
+        }
     }
 
     /// With `--lazy`: the realm's image (materialised from its index snapshot, mounted), to be
@@ -253,6 +337,7 @@ impl RealmPlan {
             realm: self.opts.realm,
             bucket: self.bucket,
             packages,
+            how: "lib dir",
         }
     }
 
@@ -287,10 +372,7 @@ impl RealmPlan {
         Arc<Mutex<HashSet<String>>>,
         Option<Arc<Index>>,
     )> {
-        let cfg = FetchConfig {
-            overall_timeout: Duration::from_secs_f64(self.opts.fetch_timeout),
-            ..FetchConfig::default()
-        };
+        let cfg = self.fetch_config();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("sigma-fetch")
@@ -308,7 +390,13 @@ impl RealmPlan {
         let reported = Arc::new(Mutex::new(HashSet::new()));
         // The lazy backend needs no index up front (its image map names every file): the
         // fetcher loads it on the first fill, off the target's start-up.
-        let index = match load_index.then(|| rt.block_on(cache.index())) {
+        // An index that could not be had before the start is not waited for twice.
+        let index = match self
+            .unreachable
+            .clone()
+            .map(Err)
+            .or_else(|| load_index.then(|| rt.block_on(cache.index())))
+        {
             Some(Ok(i)) => Some(i),
             Some(Err(e)) => {
                 report_once(&reported, &self.opts.realm, &self.bucket, &e);
@@ -399,11 +487,14 @@ impl Resolver for LazyServed {
     }
 }
 
-/// A complete realm bind-mounted at the prefix: the kernel serves it, nothing reaches here.
+/// A complete realm bind-mounted at the prefix (its lib dir, or the shared trees of its
+/// packages): the kernel serves it, nothing reaches here.
 pub struct KernelServed {
     realm: String,
     bucket: String,
     packages: usize,
+    /// What is mounted.
+    how: &'static str,
 }
 
 impl Resolver for KernelServed {
@@ -414,8 +505,8 @@ impl Resolver for KernelServed {
     fn report(&self) -> Option<String> {
         Some(format!(
             "sigma-supervise realm {} ({}): backend kernel (bind mount): all {} packages \
-             installed; lib dir mounted read-only, served by the kernel\n",
-            self.realm, self.bucket, self.packages
+             installed; {} mounted read-only, served by the kernel\n",
+            self.realm, self.bucket, self.packages, self.how
         ))
     }
 }

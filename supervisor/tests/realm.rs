@@ -306,6 +306,90 @@ print(os.path.exists({root:?}) and os.listdir({root:?}))
 }
 
 #[test]
+fn a_new_realm_on_a_warm_store_is_shown_from_shared_trees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let a = common::make_pkg(&src, "demo_a", 10_000);
+    let b = common::make_pkg(&src, "demo_b", 10_000);
+    let bucket_dir = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket_dir).unwrap();
+    let bucket = format!("file://{}", bucket_dir.display());
+    publish(&bucket, &[], &[&a, &b]);
+    let cache = tmp.path().join("cache");
+    let realm = |name| Realm {
+        name,
+        bucket: &bucket,
+        cache: &cache,
+        env: vec![],
+    };
+    let o = realm("r1").py("import demo_a, demo_b");
+    assert_eq!((o.status.code(), fetched(&o)), (Some(0), 2));
+
+    // A realm never seen before: its snapshot is taken before the start, every package's
+    // content is in the store, so each entry is mounted from the package's shared tree. No
+    // install of its own, not one notification, the same bytes.
+    let r2 = realm("r2");
+    let o = r2.py(&format!(
+        r#"
+import os, demo_a, demo_b
+from demo_b.sub.mod import f
+print(demo_a.NAME, demo_b.NAME, f(), demo_b.__file__)
+print(sorted(os.listdir({PREFIX:?})))
+print(len(open("{PREFIX}/demo_a/blob.bin", "rb").read()))
+try:
+    open("{PREFIX}/demo_a/new.py", "w"); print("written")
+except OSError as e:
+    print("refused", e.errno == 30)
+print(os.path.exists({root:?}))
+"#,
+        root = cache.display().to_string(),
+    ));
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(
+        stdout(&o),
+        format!(
+            "demo_a demo_b 42 {PREFIX}/demo_b/__init__.py\n['demo_a', 'demo_b']\n10000\n\
+             refused True\nFalse\n"
+        )
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains("realm r2 (") && err.contains("shared package trees mounted read-only"),
+        "{err}"
+    );
+    assert!(
+        err.contains("sigma-supervise stats: 1 notifications"),
+        "only the refused write is notified (for its hint): {err}"
+    );
+    assert_eq!(
+        listdir(&r2.lib()),
+        Vec::<String>::new(),
+        "nothing installed"
+    );
+    let trees = listdir(&cache.join("trees"));
+    assert_eq!(trees.len(), 2, "one tree per package: {trees:?}");
+    let in_tree = std::fs::metadata(
+        cache
+            .join("trees")
+            .join(
+                trees
+                    .iter()
+                    .find(|t| cache.join("trees").join(t).join("demo_a").exists())
+                    .unwrap(),
+            )
+            .join("demo_a/blob.bin"),
+    )
+    .unwrap();
+    let in_r1 = std::fs::metadata(realm("r1").lib().join("demo_a/blob.bin")).unwrap();
+    assert_eq!(in_tree.ino(), in_r1.ino(), "the tree links the stored file");
+
+    // The next run of that realm is answered from what it remembered.
+    let o = r2.py("import demo_a; print(demo_a.NAME)");
+    assert_eq!(stdout(&o), "demo_a\n");
+    assert!(stderr(&o).contains("shared package trees"));
+}
+
+#[test]
 fn corrupted_object_is_refused_and_nothing_installed() {
     let tmp = tempfile::tempdir().unwrap();
     let pkg = common::make_pkg(&tmp.path().join("src"), "demo_c", 50_000);
