@@ -17,6 +17,9 @@
 
     cargo build --release -p sigma-supervise
     python3 scripts/bench-fetch.py [-n 7] [--wheel numpy.whl --wheel six.whl]
+    python3 scripts/bench-fetch.py -n 5 --wheel W/pandas-*.whl --needed W/numpy-*.whl \
+        --needed W/python_dateutil-*.whl --needed W/pytz-*.whl --needed W/tzdata-*.whl \
+        --needed W/six-*.whl --import pandas     # a larger set: pandas and its dependencies
 
 Wheels default to ${SIGMA_CACHE:-~/.cache/sigma-ci}/wheels/{numpy,six}__*/*.whl (the fetcher
 tests download numpy; `pip download --no-deps six -d DIR` for six); MinIO to
@@ -68,7 +71,12 @@ def main() -> None:
     ap.add_argument("--supervisor", default=default_supervisor())
     ap.add_argument("--python", default="python3")
     ap.add_argument("--wheel", action="append", default=None,
-                    help="wheel to publish and install (repeat; the first is imported)")
+                    help="wheel to publish and install (the first is imported; the others are "
+                         "listed in the partial realm's bucket and never imported)")
+    ap.add_argument("--needed", action="append", default=[],
+                    help="a dependency of the first wheel: published and installed with it")
+    ap.add_argument("--import", dest="module", default=None,
+                    help="what the timed command imports (default: the first wheel's name)")
     ap.add_argument("--uv", default=shutil.which("uv"))
     ap.add_argument("--baseline", default=None, metavar="SUPERVISOR",
                     help="another sigma-supervise build: adds its cold and new-realm runs")
@@ -81,9 +89,11 @@ def main() -> None:
     wheels = args.wheel or [w for w in (
         next(iter(sorted(glob.glob(str(ci_cache() / "wheels" / f"{n}__*" / "*.whl")))), None)
         for n in ("numpy", "six")) if w]
-    if not wheels or "numpy" not in Path(wheels[0]).name:
+    if not wheels or (args.wheel is None and "numpy" not in Path(wheels[0]).name):
         sys.exit("bench-fetch: no numpy wheel: pass --wheel or run the fetcher tests once")
     wheel = wheels[0]
+    needed = [str(Path(w).resolve()) for w in args.needed]
+    module = args.module or Path(wheel).name.split("-")[0]
     if not args.uv:
         sys.exit("bench-fetch: uv missing: pip install uv")
     if not os.access(args.minio, os.X_OK):
@@ -113,13 +123,14 @@ def main() -> None:
         aws.pop("PYTHONPATH", None)
         pydir = str(Path(py).parent)
         aws["PATH"] = pydir + ":" + aws.get("PATH", "")
-        run([sup, "publish", "--bucket", "s3://libs", wheel], env=aws)
+        run([sup, "publish", "--bucket", "s3://libs", wheel, *needed], env=aws)
         extra = wheels[1:]
         if extra:
             subprocess.run(["curl", "-fsS", "-X", "PUT", "--aws-sigv4", "aws:amz:us-east-1:s3",
                             "--user", f"{USER}:{PASS}", f"{endpoint}/libs2"], check=True)
-            run([sup, "publish", "--bucket", "s3://libs2", *wheels], env=aws)
-        code = "import numpy; numpy.arange(3).sum()"
+            run([sup, "publish", "--bucket", "s3://libs2", *wheels, *needed], env=aws)
+        code = ("import numpy; numpy.arange(3).sum()" if module == "numpy"
+                else f"import {module}")
         uv_env = dict(aws, UV_NO_PROGRESS="1", UV_PYTHON_DOWNLOADS="never")
 
         def supervised(cache: Path, bucket: str = "s3://libs", realm: str = "bench",
@@ -132,7 +143,7 @@ def main() -> None:
                      str(venv)], env=uv_env)
             t += run([args.uv, "pip", "install", "--quiet", "--no-index", "--no-deps",
                       "--python", str(venv / "bin" / "python"), "--cache-dir", str(cache),
-                      wheel], env=uv_env)
+                      wheel, *needed], env=uv_env)
             return t + run([str(venv / "bin" / "python"), "-c", code], env=aws)
 
         # Warm state for the warm sides.
@@ -150,7 +161,7 @@ def main() -> None:
         uv_install(work / "uv-warm-venv", uv_warm_cache)
         site = work / "site"
         run([py, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-             "--disable-pip-version-check", "--target", str(site), wheel])
+             "--disable-pip-version-check", "--target", str(site), wheel, *needed])
         run([py, "-c", code], env=dict(aws, PYTHONPATH=str(site)))
 
         # One round runs every side once, in a rotating order. Fresh dirs are never deleted
@@ -170,7 +181,7 @@ def main() -> None:
                 side("uv warm", lambda: uv_install(work / f"uv-warm-venv-{i}", uv_warm_cache)),
                 side("pip", lambda: run([py, "-m", "pip", "install", "--quiet", "--no-index",
                                          "--no-deps", "--disable-pip-version-check", "--target",
-                                         str(work / f"pip-target-{i}"), wheel])
+                                         str(work / f"pip-target-{i}"), wheel, *needed])
                      + run([py, "-c", code],
                            env=dict(aws, PYTHONPATH=str(work / f"pip-target-{i}")))),
                 side("bare", lambda: run([py, "-c", code], env=dict(aws, PYTHONPATH=str(site)))),
@@ -193,7 +204,8 @@ def main() -> None:
                 times.setdefault(name, []).append(fn())
 
         med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"wheels {', '.join(Path(w).name for w in wheels)}; {args.n} rounds, "
+        print(f"wheels {', '.join(Path(w).name for w in [wheel, *needed, *wheels[1:]])}; "
+              f"`{code}`; {args.n} rounds, "
               f"rotating order; python {py}; {subprocess.run([args.uv, '--version'], capture_output=True, text=True).stdout.strip()}")
         for name, v in times.items():
             print(f"  {name:14} median {med[name] * 1e3:8.1f} ms  "

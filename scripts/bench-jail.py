@@ -2,7 +2,8 @@
 """Jail set-up cost, side by side in one run: every variant of one command is run in turn,
 round after round (so load on the machine hits them alike), and the medians are compared.
 
-Variants: bare; `unshare -Urmpf --mount-proc` (the namespace floor: user, mount, pid);
+Variants: bare; `unshare -Urmpf --mount-proc` (the namespace floor: user, mount, pid) and
+`unshare -Urmpfn` (with a network namespace too, as bwrap and the jail have);
 bubblewrap building a comparable view (user, mount, pid and network namespaces, read-only
 /usr, /lib*, /bin, /etc, the interpreter's prefix, tmpfs /tmp, /dev, /proc);
 `sigma-supervise --no-jail`; `sigma-supervise` (the σcontainer: user, mount, pid, network,
@@ -69,6 +70,8 @@ def main() -> None:
         variants = {
             "bare": cmd,
             "unshare -Urmpf": ["unshare", "-Urmpf", "--mount-proc"] + cmd,
+            # The same namespaces as bwrap's and the jail's (a network namespace too), no view.
+            "unshare -Urmpfn": ["unshare", "-Urmpfn", "--mount-proc"] + cmd,
             "bwrap": bwrap_view(prefix) + cmd,
             "sigma-supervise --no-jail": [sup, "--no-jail"] + cmd,
             "sigma-supervise (jailed)": [sup] + cmd,
@@ -88,6 +91,10 @@ def main() -> None:
         bwrap_over = med["bwrap"] - med["bare"]
         if bwrap_over > 0:
             print(f"jailed overhead / bwrap overhead = {jail_over / bwrap_over:.2f}")
+            # The kernel's own price for these namespaces, before any view is built.
+            floor = med["unshare -Urmpfn"] - med["bare"]
+            print(f"namespace floor (user, mount, pid, net) / bwrap overhead = "
+                  f"{floor / bwrap_over:.2f}")
 
 
 main()
