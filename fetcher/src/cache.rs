@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! <root>/cas/<sha256>                         every verified file, read-only, stored once
+//! <root>/trees/<archive-sha256>/<entries>     one package's tree, shared by realms (links)
 //! <root>/unsynced                             boot id under which unflushed installs happened
 //! <root>/realms/<realm>/lib/<entries>         what the target sees (hard links into cas/)
 //! <root>/realms/<realm>/index.json            the realm's snapshot of the bucket index
