@@ -737,19 +737,15 @@ fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
         std::fs::create_dir(d).unwrap();
         nix::unistd::chown(d, Some(65534.into()), Some(65534.into())).unwrap();
     }
-    let run = |extra: &[&str]| {
+    let run_as = |realm: &str, extra: &[&str], code: &str| {
         let out = Command::new("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
             .arg(&bin)
-            .args(["--stats", "--realm", "r", "--bucket", &bucket])
+            .args(["--stats", "--realm", realm, "--bucket", &bucket])
             .args(extra)
             .arg("--cache-dir")
             .arg(&cache)
-            .args([
-                "/usr/bin/python3",
-                "-c",
-                "import demo_u, os; print(demo_u.__file__, os.getuid())",
-            ])
+            .args(["/usr/bin/python3", "-c", code])
             .current_dir(&work)
             .env_remove("PYTHONPATH")
             .env("HOME", &work)
@@ -758,6 +754,13 @@ fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
             .unwrap();
         show(&out);
         out
+    };
+    let run = |extra: &[&str]| {
+        run_as(
+            "r",
+            extra,
+            "import demo_u, os; print(demo_u.__file__, os.getuid())",
+        )
     };
     let out = run(&[]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -788,4 +791,22 @@ fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
         stderr(&out)
     );
     assert_eq!(fetched(&out), 0, "installed by the first run");
+
+    // Every package fetched once: a new realm of this user is shown from the store's shared
+    // trees, in the user's own namespaces.
+    let out = run_as("r", &[], "import demo_v");
+    assert_eq!(fetched(&out), 1);
+    let out = run_as(
+        "r2",
+        &[],
+        "import demo_u, demo_v, os; print(demo_v.NAME, os.getuid())",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "demo_v 1000\n");
+    assert!(
+        stderr(&out).contains("shared package trees mounted read-only"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(listdir(&cache.join("realms/r2/lib")), Vec::<String>::new());
 }
