@@ -302,9 +302,9 @@ pub fn realm_trees(root: &Path, realm: &str) -> Result<Option<TreeView>> {
         match stamp.view {
             None => return Ok(None),
             Some(v)
-                if v.entries
-                    .iter()
-                    .all(|e| e.source.symlink_metadata().is_ok()) =>
+                if v.entries.iter().all(|e| {
+                    e.source.starts_with(root.join("trees")) && e.source.symlink_metadata().is_ok()
+                }) =>
             {
                 return Ok(Some(v))
             }
