@@ -258,13 +258,23 @@ impl TreeView {
 /// times of `cas/` and `trees/` (content added anywhere is a new key); a remembered view is used
 /// after checking that its trees still exist.
 pub fn realm_trees(root: &Path, realm: &str) -> Result<Option<TreeView>> {
+    realm_trees_of(root, realm, None)
+}
+
+/// [`realm_trees`] for a caller that holds the realm's snapshot parsed already (it has just
+/// taken it): not parsed again.
+pub fn realm_trees_of(
+    root: &Path,
+    realm: &str,
+    snapshot: Option<&Index>,
+) -> Result<Option<TreeView>> {
     use std::os::unix::fs::MetadataExt as _;
     check_realm(realm)?;
     if needs_recovery(root)? {
         return Ok(None);
     }
     let realm_dir = root.join("realms").join(realm);
-    let snapshot = realm_dir.join("index.json");
+    let snapshot_path = realm_dir.join("index.json");
     let id = |p: &Path| {
         std::fs::metadata(p).ok().map(|m| {
             format!(
@@ -277,7 +287,7 @@ pub fn realm_trees(root: &Path, realm: &str) -> Result<Option<TreeView>> {
             )
         })
     };
-    let Some(index_id) = id(&snapshot) else {
+    let Some(index_id) = id(&snapshot_path) else {
         return Ok(None);
     };
     let key = |root: &Path| {
@@ -311,8 +321,15 @@ pub fn realm_trees(root: &Path, realm: &str) -> Result<Option<TreeView>> {
             Some(_) => {}
         }
     }
-    let data = std::fs::read(&snapshot).ctx("read", &snapshot)?;
-    let index = Index::from_json(&snapshot.display().to_string(), &data)?;
+    let parsed;
+    let index = match snapshot {
+        Some(i) => i,
+        None => {
+            let data = std::fs::read(&snapshot_path).ctx("read", &snapshot_path)?;
+            parsed = Index::from_json(&snapshot_path.display().to_string(), &data)?;
+            &parsed
+        }
+    };
     let entries = index.top_level_entries();
     let mut view = None;
     if !index.packages().is_empty() && entries.len() <= MAX_TREE_ENTRIES {
@@ -636,10 +653,14 @@ impl RealmCache {
                 self.counters
                     .bytes_fetched
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
-                Index::from_json(self.store.name(), &data)?;
+                let parsed = Index::from_json(self.store.name(), &data)?;
                 self.stamp_unsynced()?;
-                let data = persist_first(&path, &data)?;
-                Ok(Arc::new(Index::from_json(self.store.name(), &data)?))
+                let kept = persist_first(&path, &data)?;
+                if kept == data {
+                    return Ok(Arc::new(parsed));
+                }
+                // Another process of the realm took its snapshot first: that one is the realm's.
+                Ok(Arc::new(Index::from_json(self.store.name(), &kept)?))
             })
             .await
             .cloned()

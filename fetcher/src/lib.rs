@@ -21,8 +21,8 @@ pub mod store;
 mod wheel;
 
 pub use cache::{
-    default_cache_root, realm_complete, realm_trees, CacheStats, EnsureOutcome, RealmCache,
-    TreeEntry, TreeView,
+    default_cache_root, realm_complete, realm_trees, realm_trees_of, CacheStats, EnsureOutcome,
+    RealmCache, TreeEntry, TreeView,
 };
 pub use config::FetchConfig;
 pub use error::{FetchError, Result};

@@ -324,7 +324,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                     package: String::new(),
                 })
                 .collect();
-            let superlib = realm::build_superlib(&r.realm_dir.join("superlib"), &listing)?;
+            // Shared by every realm with this listing (built once, with a flush).
+            let superlib = realm::build_superlib(&r.root.join("superlib"), &listing)?;
             prepared.bind_read_only(&superlib, &r.opts.lib_prefix)?;
             for e in &view.entries {
                 prepared.bind_read_only(&e.source, &r.opts.lib_prefix.join(&e.name))?;

@@ -174,10 +174,11 @@ impl RealmPlan {
     /// a failure is kept for the notification path to report, not tried twice).
     pub fn tree_view(&mut self) -> Option<fetcher::TreeView> {
         let snapshot = self.realm_dir.join("index.json");
+        let mut taken = None;
         if !snapshot.exists() && self.store_has_content() {
-            self.fetch_snapshot();
+            taken = self.fetch_snapshot();
         }
-        let view = match fetcher::realm_trees(&self.root, &self.opts.realm) {
+        let view = match fetcher::realm_trees_of(&self.root, &self.opts.realm, taken.as_deref()) {
             Ok(v) => v?,
             Err(e) => {
                 tracing::debug!(error = %e, "shared trees unusable; serving otherwise");
@@ -205,14 +206,12 @@ impl RealmPlan {
 
     /// Take the realm's index snapshot now, on a runtime that is gone again before the target
     /// is forked (the supervisor forks single-threaded).
-    fn fetch_snapshot(&mut self) {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+    fn fetch_snapshot(&mut self) -> Option<Arc<Index>> {
+        let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-        else {
-            return;
-        };
-        let got = (|| -> Result<(), FetchError> {
+            .ok()?;
+        let got = (|| -> Result<Arc<Index>, FetchError> {
             let cfg = self.fetch_config();
             let store: Arc<dyn fetcher::Store> = Arc::new(LazyStore::new(
                 &self.bucket,
@@ -220,12 +219,13 @@ impl RealmPlan {
                 &cfg,
             )?);
             let cache = RealmCache::open(&self.root, &self.opts.realm, store, cfg)?;
-            rt.block_on(cache.index()).map(|_| ())
+            rt.block_on(cache.index())
         })();
-        if let Err(e) = got {
+        got.map_err(|e| {
             tracing::debug!(error = %e, "no index snapshot before the start");
             self.unreachable = Some(e);
-        }
+        })
+        .ok()
     }
 
     fn fetch_config(&self) -> FetchConfig {
