@@ -31,12 +31,12 @@
 //! package's lock file (other processes and supervisors), then a re-check of the marker. Tasks
 //! that waited for an install that failed get its error instead of trying again at once.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -1030,9 +1030,10 @@ impl RealmCache {
     }
 }
 
-/// Called on the unpacker's thread with each file's sha256 and staged path as soon as the file
-/// is verified against the index (before the rest of its package): a reader waiting for that
-/// file can have it now. The staged file is removed after the install; copy, do not keep.
+/// Called on one of the unpacker's threads (several at once) with each file's sha256 and
+/// staged path as soon as the file is verified against the index (before the rest of its
+/// package): a reader waiting for that file can have it now. The staged file is removed after
+/// the install; copy, do not keep.
 pub type FileHook = dyn Fn(&str, &Path) + Send + Sync;
 
 /// The archive body as a blocking `Read`, for the unpacker's thread.
@@ -1140,12 +1141,22 @@ fn flock_blocking(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
         .map_err(|(_, errno)| FetchError::io("flock", path, errno.into()))
 }
 
+/// File data read out of an archive and not yet written, at most: the parser waits for the
+/// workers beyond it, so memory stays bounded whatever sizes the index and the archive name.
+/// A larger file is streamed by the parser itself (see [`stream_file`]).
+const IN_FLIGHT: u64 = 64 << 20;
+
 /// Unpack an archive straight into the staged tree: every entry must be a regular file the
 /// index lists, with the listed sha256 and size, and every listed file must be present. Each
 /// verified file is linked into the CAS (a file the CAS already holds is replaced by a link to
 /// the stored copy, so identical files share an inode). No file is created twice, none is
 /// deleted on the first install of its content, nothing is flushed (see the module docs).
 /// Bytes that do not decode are an integrity failure. Runs in a blocking thread.
+///
+/// A pipeline, so a cold install uses every core: this thread decodes the stream and checks
+/// each entry against the index ([`parse_entries`]); a few workers hash, write and announce
+/// the files ([`write_job`]). The first error stops both sides and is the one returned; the
+/// CAS sees nothing until every worker is done and every listed file was verified.
 fn unpack_tree(
     pkg: &Package,
     archive: impl Read,
@@ -1153,23 +1164,6 @@ fn unpack_tree(
     tree: &Path,
     on_verified: Option<&FileHook>,
 ) -> Result<()> {
-    let expected: HashMap<&str, (&str, u64)> = pkg
-        .files
-        .iter()
-        .map(|f| (f.path.as_str(), (f.sha256.as_str(), f.size)))
-        .collect();
-    let bad = |file: &str, expected: String, got: String| FetchError::IntegrityMismatch {
-        file: format!("{} ({})", file, pkg.archive.key),
-        expected,
-        got,
-    };
-    let undecodable = |e: std::io::Error| {
-        bad(
-            "archive",
-            format!("{:?} data", pkg.archive.encoding),
-            e.to_string(),
-        )
-    };
     // Tar framing: a header and up to one block of padding per file, pax records, two end
     // blocks; generous, and still a bound.
     let framing = (pkg.files.len() as u64).saturating_mul(4096) + (1 << 20);
@@ -1178,21 +1172,131 @@ fn unpack_tree(
         left: pkg.unpacked_size().saturating_add(framing),
     };
     let reader: Box<dyn Read> = match pkg.archive.encoding {
-        Encoding::TarZstd => Box::new(zstd::Decoder::new(archive).map_err(undecodable)?),
+        Encoding::TarZstd => Box::new(zstd::Decoder::new(archive).map_err(undecodable(pkg))?),
         Encoding::Tar => Box::new(archive),
     };
-    let mut tar = tar::Archive::new(reader);
     std::fs::create_dir(tree).ctx("create dir", tree)?;
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4));
+    let queue = Queue::new(workers * 4, IN_FLIGHT);
+    let parsed = std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                let _stop = StopOnPanic(&queue);
+                while let Some(job) = queue.pop() {
+                    let result = write_job(pkg, &job, on_verified);
+                    queue.done(job.size, result);
+                }
+            });
+        }
+        let _stop = StopOnPanic(&queue);
+        let parsed = parse_entries(pkg, reader, tree, &queue, on_verified);
+        if let Err(e) = &parsed {
+            queue.fail(e.clone());
+        }
+        queue.close();
+        parsed
+    });
+    // The first error of either side (the parser's own is among them).
+    queue.into_result()?;
+    let seen = parsed?;
+    if let Some(f) = pkg.files.iter().find(|f| !seen.contains(f.path.as_str())) {
+        return Err(bad(
+            pkg,
+            &f.path,
+            "present in archive".into(),
+            "missing".into(),
+        ));
+    }
+    // Only a complete, verified package reaches the CAS.
     let cas = root.join("cas");
+    for f in &pkg.files {
+        let (dst, stored) = (tree.join(&f.path), cas.join(&f.sha256));
+        match std::fs::hard_link(&dst, &stored) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                std::fs::remove_file(&dst).ctx("remove", &dst)?;
+                std::fs::hard_link(&stored, &dst).ctx("link from cas", &stored)?;
+            }
+            Err(e) => return Err(FetchError::io("link into", stored, e)),
+        }
+    }
+    Ok(())
+}
+
+/// The bytes of `file` in `pkg`'s archive are not what the index says.
+fn bad(pkg: &Package, file: &str, expected: String, got: String) -> FetchError {
+    FetchError::IntegrityMismatch {
+        file: format!("{} ({})", file, pkg.archive.key),
+        expected,
+        got,
+    }
+}
+
+/// An archive stream that does not decode (zstd or tar framing) is an integrity failure.
+fn undecodable(pkg: &Package) -> impl Fn(std::io::Error) -> FetchError + '_ {
+    move |e| {
+        bad(
+            pkg,
+            "archive",
+            format!("{:?} data", pkg.archive.encoding),
+            e.to_string(),
+        )
+    }
+}
+
+/// The file at `path` hashed to `got` over `n` bytes: fine only if the index says so.
+fn check_file(
+    pkg: &Package,
+    path: &str,
+    (sha, size): (&str, u64),
+    got: &str,
+    n: u64,
+) -> Result<()> {
+    if got != sha || n != size {
+        return Err(bad(
+            pkg,
+            path,
+            format!("sha256 {sha} size {size}"),
+            format!("sha256 {got} size {n}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Create a file of the staged tree: read-only, and never over an existing one.
+fn create_staged(dst: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .open(dst)
+        .ctx("create", dst)
+}
+
+/// Read the archive's entries in order and check each against the index (listed, a regular
+/// file, seen once, no longer than listed) before its bytes go to a worker. Returns the index
+/// paths seen; whether each file's content matches is the workers' concern.
+fn parse_entries<'a>(
+    pkg: &'a Package,
+    reader: impl Read,
+    tree: &Path,
+    queue: &Queue<'a>,
+    on_verified: Option<&FileHook>,
+) -> Result<HashSet<&'a str>> {
+    let expected: HashMap<&str, (&str, u64)> = pkg
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), (f.sha256.as_str(), f.size)))
+        .collect();
+    let undecodable = undecodable(pkg);
+    let mut tar = tar::Archive::new(reader);
     let mut dirs: HashSet<PathBuf> = HashSet::new();
     let mut seen = HashSet::new();
-    let mut verified: Vec<(PathBuf, &str)> = Vec::with_capacity(pkg.files.len());
-    let mut buf = vec![0u8; 64 * 1024];
-    for entry in tar.entries().map_err(undecodable)? {
-        let mut entry = entry.map_err(undecodable)?;
+    for entry in tar.entries().map_err(&undecodable)? {
+        let mut entry = entry.map_err(&undecodable)?;
         let path = entry
             .path()
-            .map_err(undecodable)?
+            .map_err(&undecodable)?
             .to_string_lossy()
             .into_owned();
         let kind = entry.header().entry_type();
@@ -1202,16 +1306,17 @@ fn unpack_tree(
         // Index paths are checked relative paths (no `..`, no absolute): safe to join.
         let Some((&key, &(sha, size))) = expected.get_key_value(path.as_str()) else {
             return Err(bad(
+                pkg,
                 &path,
                 "no such file in the index".into(),
                 "present in archive".into(),
             ));
         };
         if !kind.is_file() {
-            return Err(bad(&path, "regular file".into(), format!("{kind:?}")));
+            return Err(bad(pkg, &path, "regular file".into(), format!("{kind:?}")));
         }
         if !seen.insert(key) {
-            return Err(bad(&path, "one copy".into(), "duplicate entry".into()));
+            return Err(bad(pkg, &path, "one copy".into(), "duplicate entry".into()));
         }
         let dst = tree.join(key);
         if let Some(dir) = dst.parent() {
@@ -1220,60 +1325,242 @@ fn unpack_tree(
                 dirs.insert(dir.to_owned());
             }
         }
-        let mut out = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o444)
-            .open(&dst)
-            .ctx("create", &dst)?;
-        let mut hasher = Sha256::new();
-        let mut n = 0u64;
-        loop {
-            let k = entry.read(&mut buf).map_err(undecodable)?;
-            if k == 0 {
-                break;
+        let too_long = || {
+            bad(
+                pkg,
+                key,
+                format!("size {size}"),
+                format!("more than {size} bytes"),
+            )
+        };
+        if size > IN_FLIGHT {
+            stream_file(
+                pkg,
+                &mut entry,
+                key,
+                (sha, size),
+                &dst,
+                on_verified,
+                too_long,
+            )?;
+            continue;
+        }
+        queue.reserve(size)?;
+        // `size` comes from the index, not the archive: at most IN_FLIGHT, and reserved. The
+        // decoder writes straight into the buffer.
+        let mut data = vec![0u8; size as usize];
+        let mut n = 0;
+        while n < data.len() {
+            match entry.read(&mut data[n..]).map_err(&undecodable)? {
+                0 => break,
+                k => n += k,
             }
-            n += k as u64;
-            if n > size {
-                return Err(bad(
-                    &path,
-                    format!("size {size}"),
-                    format!("more than {size} bytes"),
-                ));
-            }
-            hasher.update(&buf[..k]);
-            out.write_all(&buf[..k]).ctx("write", &dst)?;
         }
-        let got = hex::encode(hasher.finalize());
-        if got != sha || n != size {
-            return Err(bad(
-                &path,
-                format!("sha256 {sha} size {size}"),
-                format!("sha256 {got} size {n}"),
-            ));
+        data.truncate(n);
+        if entry.read(&mut [0u8]).map_err(&undecodable)? > 0 {
+            return Err(too_long());
         }
-        if let Some(hook) = on_verified {
-            drop(out);
-            hook(sha, &dst);
-        }
-        verified.push((dst, sha));
+        queue.push(Job {
+            path: key,
+            sha,
+            size,
+            dst,
+            data,
+        })?;
     }
-    if let Some(f) = pkg.files.iter().find(|f| !seen.contains(f.path.as_str())) {
-        return Err(bad(&f.path, "present in archive".into(), "missing".into()));
-    }
-    // Only a complete, verified package reaches the CAS.
-    for (dst, sha) in &verified {
-        let stored = cas.join(sha);
-        match std::fs::hard_link(dst, &stored) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                std::fs::remove_file(dst).ctx("remove", dst)?;
-                std::fs::hard_link(&stored, dst).ctx("link from cas", &stored)?;
-            }
-            Err(e) => return Err(FetchError::io("link into", stored, e)),
+    Ok(seen)
+}
+
+/// A file larger than the pipeline holds, written by the parser as it decodes (the workers
+/// go on with the files before it meanwhile).
+fn stream_file(
+    pkg: &Package,
+    entry: &mut impl Read,
+    path: &str,
+    (sha, size): (&str, u64),
+    dst: &Path,
+    on_verified: Option<&FileHook>,
+    too_long: impl Fn() -> FetchError,
+) -> Result<()> {
+    let mut out = create_staged(dst)?;
+    let mut hasher = Sha256::new();
+    // Pieces the size of write_job's, for the same reason.
+    let mut buf = vec![0u8; 64 << 10];
+    let mut n = 0u64;
+    loop {
+        let k = entry.read(&mut buf).map_err(undecodable(pkg))?;
+        if k == 0 {
+            break;
         }
+        n += k as u64;
+        if n > size {
+            return Err(too_long());
+        }
+        hasher.update(&buf[..k]);
+        out.write_all(&buf[..k]).ctx("write", dst)?;
+    }
+    check_file(pkg, path, (sha, size), &hex::encode(hasher.finalize()), n)?;
+    drop(out);
+    if let Some(hook) = on_verified {
+        hook(sha, dst);
     }
     Ok(())
+}
+
+/// One file read out of the archive, for a worker to verify and write.
+struct Job<'a> {
+    /// As the index lists it.
+    path: &'a str,
+    sha: &'a str,
+    size: u64,
+    dst: PathBuf,
+    data: Vec<u8>,
+}
+
+/// Write a file's bytes into the staged tree, hashing them on the way, check them against the
+/// index and hand the file to the hook. In pieces: each is hashed and copied while it is in
+/// this core's cache (one whole-file `write` reads the buffer from memory twice).
+fn write_job(pkg: &Package, job: &Job, on_verified: Option<&FileHook>) -> Result<()> {
+    let mut out = create_staged(&job.dst)?;
+    let mut hasher = Sha256::new();
+    for piece in job.data.chunks(64 << 10) {
+        hasher.update(piece);
+        out.write_all(piece).ctx("write", &job.dst)?;
+    }
+    let got = hex::encode(hasher.finalize());
+    check_file(
+        pkg,
+        job.path,
+        (job.sha, job.size),
+        &got,
+        job.data.len() as u64,
+    )?;
+    drop(out);
+    if let Some(hook) = on_verified {
+        hook(job.sha, &job.dst);
+    }
+    Ok(())
+}
+
+/// The hand-off from the parser to the workers: at most `max_jobs` files waiting and
+/// `max_bytes` of file data reserved by the parser and not yet written by a worker. The
+/// first error recorded wins and stops both sides; every change wakes everyone (a handful of
+/// threads, a few thousand files).
+struct Queue<'a> {
+    state: Mutex<QueueState<'a>>,
+    changed: Condvar,
+    max_jobs: usize,
+    max_bytes: u64,
+}
+
+struct QueueState<'a> {
+    jobs: VecDeque<Job<'a>>,
+    bytes: u64,
+    /// The parser is done: the workers stop once the queue is empty.
+    closed: bool,
+    failed: Option<FetchError>,
+}
+
+impl<'a> Queue<'a> {
+    fn new(max_jobs: usize, max_bytes: u64) -> Self {
+        Queue {
+            state: Mutex::new(QueueState {
+                jobs: VecDeque::new(),
+                bytes: 0,
+                closed: false,
+                failed: None,
+            }),
+            changed: Condvar::new(),
+            max_jobs,
+            max_bytes,
+        }
+    }
+
+    /// Wait until a job slot and `n` bytes are free (any `n` once nothing is in flight), and
+    /// take them. Fails with the recorded error once the pipeline has failed.
+    fn reserve(&self, n: u64) -> Result<()> {
+        let state = lock(&self.state);
+        let mut state = self
+            .changed
+            .wait_while(state, |s| {
+                s.failed.is_none()
+                    && (s.jobs.len() >= self.max_jobs
+                        || (s.bytes > 0 && s.bytes.saturating_add(n) > self.max_bytes))
+            })
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = &state.failed {
+            return Err(e.clone());
+        }
+        state.bytes += n;
+        Ok(())
+    }
+
+    /// Queue a job whose bytes were reserved (only the parser adds: the slot is still free).
+    fn push(&self, job: Job<'a>) -> Result<()> {
+        let mut state = lock(&self.state);
+        if let Some(e) = &state.failed {
+            return Err(e.clone());
+        }
+        state.jobs.push_back(job);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// The next job, or `None` once the queue is closed and empty or the pipeline failed.
+    fn pop(&self) -> Option<Job<'a>> {
+        let state = lock(&self.state);
+        let mut state = self
+            .changed
+            .wait_while(state, |s| {
+                s.failed.is_none() && s.jobs.is_empty() && !s.closed
+            })
+            .unwrap_or_else(|e| e.into_inner());
+        if state.failed.is_some() {
+            return None;
+        }
+        let job = state.jobs.pop_front();
+        self.changed.notify_all();
+        job
+    }
+
+    /// A worker finished a job of `n` reserved bytes.
+    fn done(&self, n: u64, result: Result<()>) {
+        let mut state = lock(&self.state);
+        state.bytes = state.bytes.saturating_sub(n);
+        if let Err(e) = result {
+            state.failed.get_or_insert(e);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Record `e` unless an earlier error was, and stop everyone.
+    fn fail(&self, e: FetchError) {
+        lock(&self.state).failed.get_or_insert(e);
+        self.changed.notify_all();
+    }
+
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.changed.notify_all();
+    }
+
+    fn into_result(self) -> Result<()> {
+        let state = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
+        state.failed.map_or(Ok(()), Err)
+    }
+}
+
+/// Fails the pipeline if its thread panics, so the others stop instead of waiting for it
+/// (the panic itself reaches the caller when the thread scope ends).
+struct StopOnPanic<'q, 'a>(&'q Queue<'a>);
+
+impl Drop for StopOnPanic<'_, '_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0
+                .fail(FetchError::invalid("unpack", "a pipeline thread panicked"));
+        }
+    }
 }
 
 /// Flush the whole filesystem holding `dir` (data and metadata of every file on it).
@@ -1879,6 +2166,118 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("sha256"), "{err}");
+
+        // A file larger than the pipeline holds is streamed by the parser, with the same checks.
+        let root = tmp.path().join("c");
+        std::fs::create_dir_all(root.join("cas")).unwrap();
+        let big = (64 << 20) + 1;
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(big);
+        h.set_mode(0o644);
+        h.set_cksum();
+        tar.append_data(&mut h, "demo/__init__.py", std::io::repeat(0).take(big))
+            .unwrap();
+        let data = zstd::encode_all(&tar.into_inner().unwrap()[..], 3).unwrap();
+        let zeros = {
+            let mut h = Sha256::new();
+            std::io::copy(&mut std::io::repeat(0).take(big), &mut h).unwrap();
+            hex::encode(h.finalize())
+        };
+        pkg.files[0].size = big + 1;
+        pkg.files[0].sha256 = zeros.clone();
+        let err = unpack_tree(&pkg, &data[..], &root, &tmp.path().join("t3"), None).unwrap_err();
+        assert!(err.to_string().contains(&format!("size {big}")), "{err}");
+        pkg.files[0].size = big;
+        let hooked = Arc::new(AtomicU64::new(0));
+        let h2 = hooked.clone();
+        let hook = move |_: &str, p: &Path| {
+            h2.store(std::fs::metadata(p).unwrap().len(), Ordering::Relaxed);
+        };
+        unpack_tree(&pkg, &data[..], &root, &tmp.path().join("t4"), Some(&hook)).unwrap();
+        assert_eq!(hooked.load(Ordering::Relaxed), big);
+        assert!(root.join("cas").join(&zeros).exists());
+    }
+
+    /// A package of `n` files `demo/fNN.bin` whose archive holds other bytes for file `bad`.
+    fn package_with_a_corrupt_file(n: usize, bad: usize) -> (Package, Vec<u8>) {
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut files = Vec::new();
+        for i in 0..n {
+            let path = format!("demo/f{i:02}.bin");
+            let data = vec![i as u8; 1000 + 37 * i];
+            files.push(crate::index::FileEntry {
+                path: path.clone(),
+                sha256: hex::encode(Sha256::digest(&data)),
+                size: data.len() as u64,
+            });
+            let mut stored = data;
+            if i == bad {
+                stored[500] ^= 1;
+            }
+            let mut h = tar::Header::new_ustar();
+            h.set_size(stored.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            tar.append_data(&mut h, &path, &stored[..]).unwrap();
+        }
+        let data = zstd::encode_all(&tar.into_inner().unwrap()[..], 3).unwrap();
+        let pkg = Package {
+            name: "demo".into(),
+            version: "1".into(),
+            source: "test".into(),
+            top_level: vec!["demo".into()],
+            archive: crate::index::Archive {
+                key: "pkgs/demo.tar.zst".into(),
+                sha256: hex::encode(Sha256::digest(&data)),
+                size: data.len() as u64,
+                encoding: Encoding::TarZstd,
+            },
+            files,
+            bytecode: None,
+        };
+        (pkg, data)
+    }
+
+    #[test]
+    fn a_corrupt_file_among_many_stops_the_pipeline_and_nothing_reaches_the_cas() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("c");
+        std::fs::create_dir_all(root.join("cas")).unwrap();
+        // Many more files than workers, the bad one in the middle.
+        let (pkg, data) = package_with_a_corrupt_file(40, 20);
+        let hooked: Arc<Mutex<Vec<String>>> = Arc::default();
+        let h2 = hooked.clone();
+        let hook = move |sha: &str, _: &Path| lock(&h2).push(sha.to_owned());
+        let err =
+            unpack_tree(&pkg, &data[..], &root, &tmp.path().join("t"), Some(&hook)).unwrap_err();
+        match &err {
+            FetchError::IntegrityMismatch { file, expected, .. } => {
+                assert!(file.starts_with("demo/f20.bin "), "{err}");
+                assert!(expected.contains(&pkg.files[20].sha256), "{err}");
+            }
+            e => panic!("{e}"),
+        }
+        assert_eq!(std::fs::read_dir(root.join("cas")).unwrap().count(), 0);
+        assert!(
+            !lock(&hooked).contains(&pkg.files[20].sha256),
+            "the hook never sees the corrupt file"
+        );
+
+        // The same package intact: every file verified, announced once and stored.
+        let (pkg, data) = package_with_a_corrupt_file(40, usize::MAX);
+        lock(&hooked).clear();
+        unpack_tree(&pkg, &data[..], &root, &tmp.path().join("t2"), Some(&hook)).unwrap();
+        let mut hooked = std::mem::take(&mut *lock(&hooked));
+        hooked.sort();
+        let mut listed: Vec<_> = pkg.files.iter().map(|f| f.sha256.clone()).collect();
+        listed.sort();
+        assert_eq!(hooked, listed);
+        assert_eq!(std::fs::read_dir(root.join("cas")).unwrap().count(), 40);
+        for f in &pkg.files {
+            let got = std::fs::read(tmp.path().join("t2").join(&f.path)).unwrap();
+            assert_eq!(hex::encode(Sha256::digest(&got)), f.sha256);
+        }
     }
 
     #[test]
