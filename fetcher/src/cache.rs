@@ -1167,13 +1167,13 @@ fn unpack_tree(
     // Tar framing: a header and up to one block of padding per file, pax records, two end
     // blocks; generous, and still a bound.
     let framing = (pkg.files.len() as u64).saturating_mul(4096) + (1 << 20);
-    let archive = Bounded {
-        inner: archive,
-        left: pkg.unpacked_size().saturating_add(framing),
-    };
-    let reader: Box<dyn Read> = match pkg.archive.encoding {
+    let decoded: Box<dyn Read> = match pkg.archive.encoding {
         Encoding::TarZstd => Box::new(zstd::Decoder::new(archive).map_err(undecodable(pkg))?),
         Encoding::Tar => Box::new(archive),
+    };
+    let reader = Bounded {
+        inner: decoded,
+        left: pkg.unpacked_size().saturating_add(framing),
     };
     std::fs::create_dir(tree).ctx("create dir", tree)?;
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4));
@@ -2278,6 +2278,39 @@ mod tests {
             let got = std::fs::read(tmp.path().join("t2").join(&f.path)).unwrap();
             assert_eq!(hex::encode(Sha256::digest(&got)), f.sha256);
         }
+    }
+
+    #[test]
+    fn a_tar_header_larger_than_the_package_is_refused_before_it_is_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (pkg, _) = package_with_a_corrupt_file(2, usize::MAX);
+        // A GNU long-name record of 64 MiB: the tar reader would hold it in memory whole.
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::GNULongName);
+        h.set_size(64 << 20);
+        h.set_cksum();
+        tar.append_data(
+            &mut h,
+            "././@LongLink",
+            std::io::repeat(b'a').take(64 << 20),
+        )
+        .unwrap();
+        let data = zstd::encode_all(&tar.into_inner().unwrap()[..], 3).unwrap();
+        assert!(data.len() < 64 << 10, "a small archive");
+        let err = unpack_tree(
+            &pkg,
+            &data[..],
+            &tmp.path().join("c"),
+            &tmp.path().join("t"),
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("archive unpacks to more than its index lists"),
+            "{err}"
+        );
     }
 
     #[test]
