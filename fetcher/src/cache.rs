@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::IoContext;
-use crate::index::{Encoding, Index, Package, INDEX_KEY};
+use crate::index::{Encoding, FileEntry, Index, Package, INDEX_KEY};
 use crate::progress::Progress;
 use crate::store::{get_bytes, local::write_atomic, next_chunk, Store};
 use crate::{FetchConfig, FetchError, Result};
@@ -1176,7 +1176,7 @@ fn unpack_tree(
         left: pkg.unpacked_size().saturating_add(framing),
     };
     std::fs::create_dir(tree).ctx("create dir", tree)?;
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4));
+    let workers = install_threads();
     let queue = Queue::new(workers * 4, IN_FLIGHT);
     let parsed = std::thread::scope(|s| {
         for _ in 0..workers {
@@ -1209,18 +1209,19 @@ fn unpack_tree(
     }
     // Only a complete, verified package reaches the CAS.
     let cas = root.join("cas");
-    for f in &pkg.files {
+    for_each_in_parallel(&pkg.files, |f| {
         let (dst, stored) = (tree.join(&f.path), cas.join(&f.sha256));
         match std::fs::hard_link(&dst, &stored) {
-            Ok(()) => {}
+            Ok(()) => Ok(()),
+            // Stored before (by another package, or a copy in this one, maybe on another
+            // thread just now): share that inode.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 std::fs::remove_file(&dst).ctx("remove", &dst)?;
-                std::fs::hard_link(&stored, &dst).ctx("link from cas", &stored)?;
+                std::fs::hard_link(&stored, &dst).ctx("link from cas", &stored)
             }
-            Err(e) => return Err(FetchError::io("link into", stored, e)),
+            Err(e) => Err(FetchError::io("link into", stored, e)),
         }
-    }
-    Ok(())
+    })
 }
 
 /// The bytes of `file` in `pkg`'s archive are not what the index says.
@@ -1653,24 +1654,33 @@ fn link_tree(pkg: &Package, root: &Path, tree: &Path) -> Result<()> {
     for d in &dirs {
         std::fs::create_dir(d).ctx("create dir", d)?;
     }
-    // The links are independent once the directories exist: made by a few threads at once
-    // (a new realm's install is mostly these ~1,500 link(2) calls for numpy).
     let cas = root.join("cas");
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
-    let chunk = pkg.files.len().div_ceil(threads).max(1);
+    for_each_in_parallel(&pkg.files, |f| {
+        let src = cas.join(&f.sha256);
+        std::fs::hard_link(&src, tree.join(&f.path)).ctx("link from cas", &src)
+    })
+}
+
+/// How many threads an install uses: every core, up to 4.
+fn install_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4))
+}
+
+/// Run `f` on every file, the list split among [`install_threads`] threads: links into or
+/// out of the CAS are independent once the directories exist, and a package is mostly these
+/// calls (~1,500 link(2) for numpy). Each thread stops at its first error; that of the
+/// earliest part is returned.
+fn for_each_in_parallel(
+    files: &[FileEntry],
+    f: impl Fn(&FileEntry) -> Result<()> + Sync,
+) -> Result<()> {
+    let chunk = files.len().div_ceil(install_threads()).max(1);
     std::thread::scope(|s| {
-        let jobs: Vec<_> = pkg
-            .files
+        let jobs: Vec<_> = files
             .chunks(chunk)
-            .map(|files| {
-                let cas = &cas;
-                s.spawn(move || {
-                    for f in files {
-                        let src = cas.join(&f.sha256);
-                        std::fs::hard_link(&src, tree.join(&f.path)).ctx("link from cas", &src)?;
-                    }
-                    Ok::<(), FetchError>(())
-                })
+            .map(|part| {
+                let f = &f;
+                s.spawn(move || part.iter().try_for_each(f))
             })
             .collect();
         jobs.into_iter()
