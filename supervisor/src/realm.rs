@@ -36,6 +36,10 @@ pub const FAIL_TTL: Duration = Duration::from_secs(10);
 /// Packages prefetched at once (each install streams, decompresses and hashes on its own thread).
 const PREFETCH_PARALLEL: usize = 4;
 
+/// Archive bytes a run downloads, unasked, to complete its realm (see `complete_realm`): small
+/// enough that a supervisor whose target exits at once waits a fraction of a second for it.
+const COMPLETE_MAX_BYTES: u64 = 8 << 20;
+
 /// Realm options of `sigma-supervise`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RealmOpts {
@@ -61,8 +65,9 @@ pub struct RealmOpts {
     #[arg(long, value_name = "SECS", default_value_t = 2.0)]
     pub fetch_timeout: f64,
 
-    /// Do not start fetching the packages a Python command names (`-c CODE`, `-m MOD`, or the
-    /// script's `import` lines) before the target asks for them.
+    /// Fetch only what the target asks for: neither the packages a Python command names
+    /// (`-c CODE`, `-m MOD`, or the script's `import` lines) before it asks, nor, during a run,
+    /// the few megabytes that would complete a realm it has mostly installed.
     #[arg(long)]
     pub no_prefetch: bool,
 
@@ -315,7 +320,7 @@ impl RealmPlan {
 
     /// Serve `image` (already bound at the prefix): mark it and answer its first touches.
     pub fn start_lazy(self, image: crate::lazyfs::LazyImage) -> anyhow::Result<LazyServed> {
-        let (rt, cache, reported, _) = self.open_cache(false)?;
+        let (rt, cache, reported, _) = self.open_cache(false, false)?;
         let (realm, bucket) = (self.opts.realm.clone(), self.bucket.clone());
         let report: Arc<dyn Fn(&FetchError) + Send + Sync> =
             Arc::new(move |e| report_once(&reported, &realm, &bucket, e));
@@ -366,6 +371,7 @@ impl RealmPlan {
     fn open_cache(
         &self,
         load_index: bool,
+        complete: bool,
     ) -> anyhow::Result<(
         tokio::runtime::Runtime,
         Arc<RealmCache>,
@@ -405,21 +411,15 @@ impl RealmPlan {
             None => None,
         };
         let usable = index.is_some() || !load_index;
-        if usable && !self.prefetch.is_empty() && !self.opts.no_prefetch {
+        if usable && !self.opts.no_prefetch {
             // Fetch what the command names while the interpreter starts; the target's own
-            // calls join these installs (single flight) instead of starting them.
+            // calls join these installs (single flight) instead of starting them. Then, when
+            // asked, complete the realm (see complete_realm).
             let (cache, names) = (cache.clone(), self.prefetch.clone());
             rt.spawn(async move {
-                match cache.prefetch(&names, PREFETCH_PARALLEL).await {
-                    Ok(outs) => {
-                        for o in outs {
-                            match o {
-                                Ok(o) => tracing::debug!(package = %o.package, "prefetched"),
-                                Err(e) => tracing::debug!(error = %e, "prefetch failed"),
-                            }
-                        }
-                    }
-                    Err(e) => tracing::debug!(error = %e, "prefetch failed"),
+                prefetch(&cache, &names).await;
+                if complete {
+                    complete_realm(&cache).await;
                 }
             });
         }
@@ -427,7 +427,7 @@ impl RealmPlan {
     }
 
     pub fn start(self) -> anyhow::Result<RealmResolver> {
-        let (rt, cache, reported, index) = self.open_cache(true)?;
+        let (rt, cache, reported, index) = self.open_cache(true, true)?;
         let entries: Vec<TopLevelEntry> = index
             .as_deref()
             .map(Index::top_level_entries)
@@ -451,6 +451,55 @@ impl RealmPlan {
             compile_with: self.compile_with,
         })
     }
+}
+
+/// Install the packages that provide `names` (a Python command's imports), a few at a time.
+async fn prefetch(cache: &RealmCache, names: &[String]) {
+    if names.is_empty() {
+        return;
+    }
+    match cache.prefetch(names, PREFETCH_PARALLEL).await {
+        Ok(outs) => {
+            for o in outs {
+                match o {
+                    Ok(o) => tracing::debug!(package = %o.package, "prefetched"),
+                    Err(e) => tracing::debug!(error = %e, "prefetch failed"),
+                }
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "prefetch failed"),
+    }
+}
+
+/// Install, during the run, the realm's packages its targets have not touched yet when what is
+/// left to download is small (at most [`COMPLETE_MAX_BYTES`] of archives; content already in
+/// the store only costs links): the realm is then complete, and its next start is a plain
+/// read-only mount the kernel serves, with no notification at all. A realm with more left (a
+/// large bucket mostly unused) stays served by notification. Best effort: a target that exits
+/// first ends the run and the completion with it (the next run tries again).
+async fn complete_realm(cache: &RealmCache) {
+    let Ok(index) = cache.index().await else {
+        return;
+    };
+    let missing: Vec<&fetcher::index::Package> = index
+        .packages()
+        .values()
+        .filter(|p| !cache.is_installed(&p.name))
+        .collect();
+    let to_download: u64 = missing
+        .iter()
+        .filter(|p| !p.files.iter().all(|f| cache.cas_path(&f.sha256).exists()))
+        .map(|p| p.archive.size)
+        .sum();
+    if missing.is_empty() || to_download > COMPLETE_MAX_BYTES {
+        return;
+    }
+    let names: Vec<String> = missing
+        .iter()
+        .filter_map(|p| p.top_level.first().cloned())
+        .collect();
+    tracing::debug!(packages = names.len(), to_download, "completing the realm");
+    prefetch(cache, &names).await;
 }
 
 /// A realm image bind-mounted at the prefix, filled on first touch: nothing reaches the

@@ -69,7 +69,9 @@ impl Setup {
         let mut c = interp::supervisor();
         c.env_remove("PYTHONPATH")
             .env("PYTHONDONTWRITEBYTECODE", "1")
-            .arg("--stats");
+            // Fetches happen only where a test makes them (no prefetch, no completion of the
+            // realm in the background: it must stay incomplete to be served lazily).
+            .args(["--stats", "--no-prefetch"]);
         if lazy {
             c.arg("--lazy");
         }

@@ -52,8 +52,11 @@ struct Realm<'a> {
 impl Realm<'_> {
     fn cmd(&self, code: &str) -> Command {
         let mut c = sup();
+        // Fetches happen only where a test's target asks (no prefetch, no completion of a
+        // realm in the background; tested on their own).
         c.envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .args(["--stats", "--realm", self.name, "--bucket", self.bucket])
+            .args(["--stats", "--no-prefetch", "--realm", self.name])
+            .args(["--bucket", self.bucket])
             .arg("--cache-dir")
             .arg(self.cache)
             .args(["python3", "-c", code]);
@@ -387,6 +390,58 @@ print(os.path.exists({root:?}))
     let o = r2.py("import demo_a; print(demo_a.NAME)");
     assert_eq!(stdout(&o), "demo_a\n");
     assert!(stderr(&o).contains("shared package trees"));
+}
+
+#[test]
+fn a_run_completes_a_realm_it_has_mostly_installed_and_the_next_start_is_a_mount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let a = common::make_pkg(&src, "demo_a", 10_000);
+    let b = common::make_pkg(&src, "demo_b", 10_000);
+    let bucket_dir = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket_dir).unwrap();
+    let bucket = format!("file://{}", bucket_dir.display());
+    publish(&bucket, &[], &[&a, &b]);
+    let cache = tmp.path().join("cache");
+    let r = Realm {
+        name: "r",
+        bucket: &bucket,
+        cache: &cache,
+        env: vec![],
+    };
+    // Without --no-prefetch: the command's import is fetched before it asks, and what is left
+    // of the realm (demo_b, a few KB) during the run.
+    let run = |code: &str| {
+        let o = sup()
+            .args(["--stats", "--realm", "r", "--bucket", &bucket])
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(["python3", "-c", code])
+            .output()
+            .unwrap();
+        show(&o);
+        o
+    };
+    // (The completion is abandoned if the target exits first; this one stays a moment.)
+    let o = run("import demo_a, time; print(demo_a.NAME); time.sleep(1)");
+    assert_eq!(stdout(&o), "demo_a\n");
+    assert_eq!(
+        fetched(&o),
+        2,
+        "demo_a asked for, demo_b to complete the realm"
+    );
+    assert!(r.lib().join("demo_b/__init__.py").is_file());
+    let o = run("import demo_b; print(demo_b.NAME)");
+    assert_eq!(stdout(&o), "demo_b\n");
+    let err = stderr(&o);
+    assert!(
+        err.contains("all 2 packages installed; lib dir mounted read-only"),
+        "{err}"
+    );
+    assert!(
+        err.contains("sigma-supervise stats: 0 notifications"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -741,7 +796,14 @@ fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
         let out = Command::new("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
             .arg(&bin)
-            .args(["--stats", "--realm", realm, "--bucket", &bucket])
+            .args([
+                "--stats",
+                "--no-prefetch",
+                "--realm",
+                realm,
+                "--bucket",
+                &bucket,
+            ])
             .args(extra)
             .arg("--cache-dir")
             .arg(&cache)
