@@ -226,9 +226,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         if r.compile_with.is_some() {
             r.prefetch = realm::imports_of(&cli.command);
         }
-        kernel_served = r.kernel_served();
+        kernel_served = r.kernel_served(!cli.jail.no_jail);
         if kernel_served.is_none() {
-            trees = r.tree_view();
+            trees = r.tree_view(!cli.jail.no_jail);
         }
         if kernel_served.is_none() && trees.is_none() {
             lazy = r.lazy_image();

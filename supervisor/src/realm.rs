@@ -149,9 +149,10 @@ impl RealmPlan {
     /// realm's lib dir is bind-mounted there read-only for the target, so the kernel answers
     /// every call (no notification). `None`: serve the prefix through notifications.
     ///
-    /// The mount point must exist on the host: the prefix is created as an empty directory if
-    /// it is missing (and cannot be, for example without root: then `None`).
-    pub fn kernel_served(&self) -> Option<usize> {
+    /// Without the jail (`jailed` false) the mount point must exist on the host: the prefix is
+    /// created as an empty directory if it is missing (and cannot be, for example without
+    /// root: then `None`). The jail makes its own mount points in the root it builds.
+    pub fn kernel_served(&self, jailed: bool) -> Option<usize> {
         let n = match fetcher::realm_complete(&self.root, &self.opts.realm) {
             Ok(n) => n?,
             Err(e) => {
@@ -159,14 +160,22 @@ impl RealmPlan {
                 return None;
             }
         };
+        if !jailed && !self.host_mount_point() {
+            return None;
+        }
+        Some(n)
+    }
+
+    /// The prefix as a directory on the host (created if missing), for mounts without a jail.
+    fn host_mount_point(&self) -> bool {
         let prefix = &self.opts.lib_prefix;
         if !prefix.is_dir() {
             if let Err(e) = std::fs::create_dir_all(prefix) {
                 tracing::debug!(error = %e, prefix = %prefix.display(), "no mount point");
-                return None;
+                return false;
             }
         }
-        Some(n)
+        true
     }
 
     /// The realm shown from the store's shared package trees ([`fetcher::realm_trees`]): every
@@ -177,7 +186,7 @@ impl RealmPlan {
     /// A realm never run before has no snapshot: when the store holds content at all, the
     /// bucket's index is fetched now, before the target starts (bounded by the fetch timeout;
     /// a failure is kept for the notification path to report, not tried twice).
-    pub fn tree_view(&mut self) -> Option<fetcher::TreeView> {
+    pub fn tree_view(&mut self, jailed: bool) -> Option<fetcher::TreeView> {
         let snapshot = self.realm_dir.join("index.json");
         let mut taken = None;
         if !snapshot.exists() && self.store_has_content() {
@@ -197,8 +206,7 @@ impl RealmPlan {
                 return None;
             }
         }
-        let prefix = &self.opts.lib_prefix;
-        if !prefix.is_dir() && std::fs::create_dir_all(prefix).is_err() {
+        if !jailed && !self.host_mount_point() {
             return None;
         }
         Some(view)
