@@ -154,22 +154,26 @@ pub fn realm_complete(root: &Path, realm: &str) -> Result<Option<usize>> {
     Ok(n)
 }
 
+/// A file's identity for keys of remembered answers: device, inode, size, modification and
+/// change times. A file replaced or written since has another (the writers here rename).
+pub fn identity(m: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt as _;
+    format!(
+        "{}:{}:{}:{}.{}:{}.{}",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    )
+}
+
 /// What [`realm_complete`]'s remembered answer is keyed by (`None`: no snapshot or no state).
 fn complete_key(realm_dir: &Path) -> Option<String> {
     use std::fmt::Write as _;
-    use std::os::unix::fs::MetadataExt as _;
-    let id = |m: &std::fs::Metadata| {
-        format!(
-            "{}:{}:{}:{}.{}:{}.{}",
-            m.dev(),
-            m.ino(),
-            m.size(),
-            m.mtime(),
-            m.mtime_nsec(),
-            m.ctime(),
-            m.ctime_nsec()
-        )
-    };
+    let id = identity;
     let mut key = format!(
         "v1 index {}",
         id(&std::fs::metadata(realm_dir.join("index.json")).ok()?)
@@ -268,25 +272,13 @@ pub fn realm_trees_of(
     realm: &str,
     snapshot: Option<&Index>,
 ) -> Result<Option<TreeView>> {
-    use std::os::unix::fs::MetadataExt as _;
     check_realm(realm)?;
     if needs_recovery(root)? {
         return Ok(None);
     }
     let realm_dir = root.join("realms").join(realm);
     let snapshot_path = realm_dir.join("index.json");
-    let id = |p: &Path| {
-        std::fs::metadata(p).ok().map(|m| {
-            format!(
-                "{}:{}:{}:{}.{}",
-                m.dev(),
-                m.ino(),
-                m.size(),
-                m.mtime(),
-                m.mtime_nsec()
-            )
-        })
-    };
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| identity(&m));
     let Some(index_id) = id(&snapshot_path) else {
         return Ok(None);
     };

@@ -11,7 +11,6 @@ use crate::policy::Policy;
 use anyhow::Context as _;
 use notify::CompiledFilter;
 use std::os::unix::fs::DirBuilderExt as _;
-use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
 
 /// The options of a run that shape its policy and filter.
@@ -122,16 +121,7 @@ fn from_entry(opts: &Options, entry: Entry) -> anyhow::Result<Compiled> {
 fn key(opts: &Options, source: &policies::Source) -> String {
     // This very program (a rebuild changes the handlers, the profile format, the guard).
     let exe = std::fs::metadata("/proc/self/exe")
-        .map(|m| {
-            format!(
-                "{}:{}:{}:{}.{}",
-                m.dev(),
-                m.ino(),
-                m.size(),
-                m.mtime(),
-                m.mtime_nsec()
-            )
-        })
+        .map(|m| fetcher::cache::identity(&m))
         .unwrap_or_default();
     let seccomp = libseccomp::ScmpVersion::current()
         .map(|v| format!("{}.{}.{}", v.major, v.minor, v.micro))

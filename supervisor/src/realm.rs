@@ -277,11 +277,9 @@ impl RealmPlan {
         let snapshot = self.realm_dir.join("index.json");
         // The image's name, remembered with the snapshot's identity (written once, by rename):
         // a warm start does not parse the index (~1 ms for numpy).
-        let id = std::fs::metadata(&snapshot).ok().map(|m| {
-            use std::os::unix::fs::MetadataExt as _;
-            let (d, i, s, t, n) = (m.dev(), m.ino(), m.size(), m.ctime(), m.ctime_nsec());
-            format!("{d}:{i}:{s}:{t}.{n} ")
-        })?;
+        let id = std::fs::metadata(&snapshot)
+            .ok()
+            .map(|m| format!("{} ", fetcher::cache::identity(&m)))?;
         let key_file = self.realm_dir.join("lazy-key");
         let load = || Index::from_json(&self.bucket, &std::fs::read(&snapshot).ok()?).ok();
         let mut loaded = None;
