@@ -121,16 +121,22 @@ fn listdir(dir: &Path) -> Vec<String> {
     v
 }
 
-#[test]
-fn file_bucket_listing_import_cache_hit_and_hidden_cache() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
+/// A `file://` bucket under `dir` with two small packages published, `demo_a` and `demo_b`.
+fn two_package_bucket(dir: &Path) -> String {
+    let src = dir.join("src");
     let a = common::make_pkg(&src, "demo_a", 10_000);
     let b = common::make_pkg(&src, "demo_b", 10_000);
-    let bucket_dir = tmp.path().join("bucket");
+    let bucket_dir = dir.join("bucket");
     std::fs::create_dir_all(&bucket_dir).unwrap();
     let bucket = format!("file://{}", bucket_dir.display());
     publish(&bucket, &[], &[&a, &b]);
+    bucket
+}
+
+#[test]
+fn file_bucket_listing_import_cache_hit_and_hidden_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = two_package_bucket(tmp.path());
     let cache = tmp.path().join("cache");
     let r = Realm {
         name: "r1",
@@ -311,13 +317,7 @@ print(os.path.exists({root:?}) and os.listdir({root:?}))
 #[test]
 fn a_new_realm_on_a_warm_store_is_shown_from_shared_trees() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    let a = common::make_pkg(&src, "demo_a", 10_000);
-    let b = common::make_pkg(&src, "demo_b", 10_000);
-    let bucket_dir = tmp.path().join("bucket");
-    std::fs::create_dir_all(&bucket_dir).unwrap();
-    let bucket = format!("file://{}", bucket_dir.display());
-    publish(&bucket, &[], &[&a, &b]);
+    let bucket = two_package_bucket(tmp.path());
     let cache = tmp.path().join("cache");
     let realm = |name| Realm {
         name,
@@ -395,13 +395,7 @@ print(os.path.exists({root:?}))
 #[test]
 fn a_run_completes_a_realm_it_has_mostly_installed_and_the_next_start_is_a_mount() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    let a = common::make_pkg(&src, "demo_a", 10_000);
-    let b = common::make_pkg(&src, "demo_b", 10_000);
-    let bucket_dir = tmp.path().join("bucket");
-    std::fs::create_dir_all(&bucket_dir).unwrap();
-    let bucket = format!("file://{}", bucket_dir.display());
-    publish(&bucket, &[], &[&a, &b]);
+    let bucket = two_package_bucket(tmp.path());
     let cache = tmp.path().join("cache");
     let r = Realm {
         name: "r",
