@@ -839,6 +839,11 @@ impl RealmCache {
         self.realm_dir.join("state").join(format!("{pkg}.pending"))
     }
 
+    /// Whether every file of `pkg` is in the shared content store already (no download needed).
+    pub fn in_store(&self, pkg: &Package) -> bool {
+        stored(&self.root.join("cas"), pkg)
+    }
+
     /// Where the CAS keeps the verified file with this sha256.
     pub fn cas_path(&self, sha: &str) -> PathBuf {
         self.root.join("cas").join(sha)
@@ -904,14 +909,9 @@ impl RealmCache {
     }
 
     async fn install_staged(&self, pkg: &Package, stage: &Path) -> Result<Option<u64>> {
-        let missing = pkg
-            .files
-            .iter()
-            .filter(|f| !cas_has(&self.cas_path(&f.sha256), f.size))
-            .count();
         self.stamp_unsynced()?;
         let mut downloaded = None;
-        if missing > 0 {
+        if !self.in_store(pkg) {
             downloaded = Some(self.fetch_unpacked(pkg, stage.join("tree")).await?);
             self.counters
                 .packages_fetched
@@ -1098,6 +1098,13 @@ fn persist_first(path: &Path, data: &[u8]) -> Result<Vec<u8>> {
         }
         Err(e) => Err(FetchError::io("link", path, e)),
     }
+}
+
+/// Whether every file of `pkg` is in the content store `cas`: installing it needs no download.
+fn stored(cas: &Path, pkg: &Package) -> bool {
+    pkg.files
+        .iter()
+        .all(|f| cas_has(&cas.join(&f.sha256), f.size))
 }
 
 fn cas_has(path: &Path, size: u64) -> bool {
@@ -1581,12 +1588,7 @@ pub fn ensure_tree(root: &Path, pkg: &Package) -> Result<Option<PathBuf>> {
     if dir.is_dir() {
         return Ok(Some(dir));
     }
-    let cas = root.join("cas");
-    if !pkg
-        .files
-        .iter()
-        .all(|f| cas_has(&cas.join(&f.sha256), f.size))
-    {
+    if !stored(&root.join("cas"), pkg) {
         return Ok(None);
     }
     stamp_unsynced(root)?;

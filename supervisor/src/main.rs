@@ -351,14 +351,14 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     let _ = nix::sys::prctl::set_dumpable(false);
     // Threads (the fetch runtime) only after fork; the child waits to be released.
     let resolver: Box<dyn serve::Resolver> = match realm {
-        Some(r) => match (kernel_served, lazy) {
-            (Some(n), _) => Box::new(r.kernel_served_resolver(n)),
-            (None, _) if trees.is_some() => Box::new(r.trees_resolver(trees.as_ref())),
+        Some(r) => match (kernel_served, trees.as_ref(), lazy) {
+            (Some(n), _, _) => Box::new(r.kernel_served_resolver(n)),
+            (None, Some(view), _) => Box::new(r.trees_resolver(view)),
             // Marked before the target is released: its first touch already waits for a fill.
-            (None, Some(img)) => Box::new(r.start_lazy(img)?),
+            (None, None, Some(img)) => Box::new(r.start_lazy(img)?),
             // Notified calls wait in the kernel until the notification thread reads them: the
             // program loads while the realm's cache, runtime and prefetch start.
-            (None, None) => {
+            (None, None, None) => {
                 child.release();
                 Box::new(r.start()?)
             }

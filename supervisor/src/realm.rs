@@ -249,11 +249,11 @@ impl RealmPlan {
     }
 
     /// The realm shown from trees ([`tree_view`](Self::tree_view)): only its `--stats` line.
-    pub fn trees_resolver(self, view: Option<&fetcher::TreeView>) -> KernelServed {
+    pub fn trees_resolver(self, view: &fetcher::TreeView) -> KernelServed {
         KernelServed {
             realm: self.opts.realm,
             bucket: self.bucket,
-            packages: view.map_or(0, |v| v.packages),
+            packages: view.packages,
             how: "shared package trees",
         }
     }
@@ -494,7 +494,7 @@ async fn complete_realm(cache: &RealmCache) {
         .collect();
     let to_download: u64 = missing
         .iter()
-        .filter(|p| !p.files.iter().all(|f| cache.cas_path(&f.sha256).exists()))
+        .filter(|p| !cache.in_store(p))
         .map(|p| p.archive.size)
         .sum();
     if missing.is_empty() || to_download > COMPLETE_MAX_BYTES {
