@@ -227,8 +227,21 @@ pub struct TreeEntry {
     /// File or directory name at the lib prefix (`numpy`, `six.py`).
     pub name: String,
     pub is_dir: bool,
+    /// Distribution that owns it.
+    pub package: String,
     /// `<root>/trees/<archive sha256>/<name>`.
     pub source: PathBuf,
+}
+
+impl TreeEntry {
+    /// The entry as the index lists it.
+    pub fn top_level(&self) -> crate::index::TopLevelEntry {
+        crate::index::TopLevelEntry {
+            name: self.name.clone(),
+            is_dir: self.is_dir,
+            package: self.package.clone(),
+        }
+    }
 }
 
 /// A realm every package of which has a shared tree ([`realm_trees`]).
@@ -350,6 +363,7 @@ pub fn realm_trees_of(
                         source: trees[&e.package].join(&e.name),
                         name: e.name,
                         is_dir: e.is_dir,
+                        package: e.package,
                     })
                     .collect(),
             });

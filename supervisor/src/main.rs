@@ -314,21 +314,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             prepared.bind_read_only(&r.lib, &r.opts.lib_prefix)?;
         }
         if let Some(view) = &trees {
-            // The listing first (placeholders of every entry), then each entry over its own.
-            let listing: Vec<_> = view
-                .entries
-                .iter()
-                .map(|e| fetcher::index::TopLevelEntry {
-                    name: e.name.clone(),
-                    is_dir: e.is_dir,
-                    package: String::new(),
-                })
-                .collect();
-            // Shared by every realm with this listing (built once, with a flush).
-            let superlib = realm::build_superlib(&r.root.join("superlib"), &listing)?;
-            prepared.bind_read_only(&superlib, &r.opts.lib_prefix)?;
-            for e in &view.entries {
-                prepared.bind_read_only(&e.source, &r.opts.lib_prefix.join(&e.name))?;
+            for (src, dst) in r.tree_mounts(view)? {
+                prepared.bind_read_only(&src, &dst)?;
             }
         }
         if let Some(img) = &lazy {

@@ -89,7 +89,7 @@ pub struct RealmPlan {
     pub bucket: String,
     pub root: PathBuf,
     pub lib: PathBuf,
-    pub realm_dir: PathBuf,
+    realm_dir: PathBuf,
     /// The bucket's index could not be had before the start ([`tree_view`](Self::tree_view)).
     unreachable: Option<FetchError>,
 }
@@ -246,6 +246,22 @@ impl RealmPlan {
             overall_timeout: Duration::from_secs_f64(self.opts.fetch_timeout),
             ..FetchConfig::default()
         }
+    }
+
+    /// The read-only mounts (source, target) that show `view` at the prefix: the listing
+    /// first (a placeholder per entry, shared by every realm with these entries, built once),
+    /// then each entry over its own placeholder.
+    pub fn tree_mounts(&self, view: &fetcher::TreeView) -> anyhow::Result<Vec<(PathBuf, PathBuf)>> {
+        let listing: Vec<TopLevelEntry> = view.entries.iter().map(|e| e.top_level()).collect();
+        let superlib = build_superlib(&self.root.join("superlib"), &listing)?;
+        let prefix = &self.opts.lib_prefix;
+        Ok(std::iter::once((superlib, prefix.clone()))
+            .chain(
+                view.entries
+                    .iter()
+                    .map(|e| (e.source.clone(), prefix.join(&e.name))),
+            )
+            .collect())
     }
 
     /// The realm shown from trees ([`tree_view`](Self::tree_view)): only its `--stats` line.
