@@ -247,7 +247,6 @@ impl TreeEntry {
 /// A realm every package of which has a shared tree ([`realm_trees`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeView {
-    pub packages: usize,
     /// Sorted by name.
     pub entries: Vec<TreeEntry>,
     /// The cache tag of the bytecode each package with Python sources ships (`None`: none),
@@ -257,6 +256,15 @@ pub struct TreeView {
 }
 
 impl TreeView {
+    /// How many packages the entries come from.
+    pub fn packages(&self) -> usize {
+        self.entries
+            .iter()
+            .map(|e| e.package.as_str())
+            .collect::<HashSet<_>>()
+            .len()
+    }
+
     /// Whether every package with Python sources ships bytecode for interpreters of cache tag
     /// `tag` (`cpython-311`): else a realm of its own, compiled after install, imports faster.
     pub fn compiled_for(&self, tag: &str) -> bool {
@@ -350,7 +358,6 @@ pub fn realm_trees_of(
         }
         if trees.len() == index.packages().len() {
             view = Some(TreeView {
-                packages: trees.len(),
                 bytecode: index
                     .packages()
                     .values()
@@ -2041,7 +2048,7 @@ mod tests {
         let view = realm_trees(&root, "b")
             .unwrap()
             .expect("every package has its content");
-        assert_eq!(view.packages, 1);
+        assert_eq!(view.packages(), 1);
         let names: Vec<&str> = view.entries.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["demo"]);
         let demo = &view.entries[0];

@@ -269,7 +269,7 @@ impl RealmPlan {
         KernelServed {
             realm: self.opts.realm,
             bucket: self.bucket,
-            packages: view.packages,
+            packages: view.packages(),
             how: "shared package trees",
         }
     }
