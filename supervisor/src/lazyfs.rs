@@ -84,6 +84,24 @@ pub struct LazyImage {
     filled_log: PathBuf,
     /// Inode number → placeholder.
     files: HashMap<u64, Placeholder>,
+    /// The pre-content group that will watch it ([`FillServer::start`] marks it).
+    group: Fanotify,
+}
+
+/// A pre-content fanotify group (read-only event fds: the reader's path may be a read-only
+/// bind; fills write through the host mount). Its end, when its marks are destroyed (an SRCU
+/// grace period, 5–15 ms), is left to a detached holder that outlives this process, so the
+/// run's exit does not wait for it: made before the supervisor becomes a subreaper.
+fn group() -> Result<Fanotify, LazyError> {
+    let fan = Fanotify::init(
+        InitFlags::FAN_CLASS_PRE_CONTENT | InitFlags::FAN_CLOEXEC,
+        EventFFlags::O_RDONLY | EventFFlags::O_LARGEFILE,
+    )
+    .map_err(|source| LazyError::Fanotify { op: "init", source })?;
+    if let Err(e) = crate::sys::hold_until_exit(std::os::fd::AsFd::as_fd(&fan)) {
+        tracing::debug!("the fanotify group ends with the run: {e}");
+    }
+    Ok(fan)
 }
 
 fn is_mounted(mnt: &Path) -> Result<bool, LazyError> {
@@ -213,6 +231,7 @@ impl LazyImage {
             mnt,
             filled_log,
             files,
+            group: group()?,
         })
     }
 }
@@ -296,13 +315,9 @@ impl FillServer {
         rt: tokio::runtime::Handle,
         report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
     ) -> Result<FillServer, LazyError> {
-        // Read-only event fds: the reader's path may be a read-only bind. Fills write through
-        // the host mount; the events those writes raise come from this process and are allowed.
-        let fan = Fanotify::init(
-            InitFlags::FAN_CLASS_PRE_CONTENT | InitFlags::FAN_CLOEXEC,
-            EventFFlags::O_RDONLY | EventFFlags::O_LARGEFILE,
-        )
-        .map_err(|source| LazyError::Fanotify { op: "init", source })?;
+        // Fills write through the host mount; the events those writes raise come from this
+        // process and are allowed.
+        let fan = image.group;
         let root = std::fs::File::open(&image.mnt).map_err(io("open", &image.mnt))?;
         fan.mark(
             MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,

@@ -181,6 +181,7 @@ fn init_logging(verbose: u8) {
 fn main() -> ExitCode {
     jail::mark("main");
     let cli = Cli::parse();
+    jail::mark("clap");
     init_logging(cli.verbose);
     jail::mark("parsed");
     if let Some(Sub::Publish(args)) = &cli.sub {
@@ -241,6 +242,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             r.pythonpath(std::env::var_os("PYTHONPATH").as_deref()),
         );
     }
+    jail::mark("realm");
     let trace = stats::TraceSink::open(cli.trace.as_deref())?;
     let cache_root = cli
         .realm
@@ -285,6 +287,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         &cli.realm.realm,
         cli.realm.cache_dir.as_deref(),
     )?;
+    jail::mark("api");
     let s3_dir = match &cli.sigma.s3 {
         sigma_api::S3Backend::Dir(d) => Some(format!("file://{}", d.display())),
         sigma_api::S3Backend::Aws => None,
@@ -296,6 +299,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         cli.sigma.scratch_dir.as_deref(),
     );
     let jail = cli.jail.spec(&program, &cli.command, &hidden, cli.grace)?;
+    jail::mark("spec");
     let mut prepared = spawn::prepare(
         &program,
         &cli.command,
@@ -323,6 +327,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         }
         prepared.hide_also(&r.root)?;
     }
+    jail::mark("prepared");
     let hints = prepared.jail().filter(|_| hints).map(|spec| {
         let map = readonly::JailMap::new(
             spec,

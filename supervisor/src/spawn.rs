@@ -756,9 +756,12 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         &spec.limits,
     )
     .map_err(|e| anyhow!("{e}"))?;
+    jail::mark("cgroup");
     let grace = spec.grace;
     let mut plan = spec.prepare().map_err(anyhow::Error::from)?;
+    jail::mark("plan");
     plan.prepare_idmapped().map_err(|e| anyhow!("{e}"))?;
+    jail::mark("idmapped");
     plan.guard = match p.guard.take() {
         Some(g) => Some(g),
         None => Some(jail::guard::Guard::new().context("building the jail's seccomp guard")?),

@@ -194,3 +194,49 @@ pub fn sigtimedwait(
     let info = unsafe { info.assume_init() };
     Ok((signo, info.si_code))
 }
+
+/// Keep `fd`'s open file alive in a detached process until this process has exited, and let
+/// that process drop it then. The last close of a fanotify group waits for the kernel to
+/// destroy its marks (an SRCU grace period, 5–15 ms here): this way the holder pays it, not
+/// whoever waits for this process. The holder keeps `fd` and the read end of a pipe whose write
+/// end this process holds until it exits; it holds no other descriptor (no stdio, no lock).
+///
+/// The holder is a grandchild whose parent exits at once: it belongs to init (or the nearest
+/// subreaper above us), not to us. Call before this process becomes a subreaper. Safe with
+/// threads running: the children make only async-signal-safe calls.
+pub fn hold_until_exit(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let (keep, wait) = (fd.as_raw_fd(), rx.as_raw_fd());
+    let (lo, hi) = (keep.min(wait) as u32, keep.max(wait) as u32);
+    // SAFETY: between fork and _exit the children only call fork, close_range, read and _exit
+    // (all async-signal-safe) on integers computed before the fork; they allocate nothing and
+    // take no lock another thread could have held at the fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(Errno::last());
+    }
+    if pid == 0 {
+        // SAFETY: as above; the ranges skip exactly `keep` and `wait`.
+        unsafe {
+            if libc::fork() != 0 {
+                libc::_exit(0)
+            }
+            if lo > 0 {
+                libc::syscall(libc::SYS_close_range, 0u32, lo - 1, 0u32);
+            }
+            if hi > lo + 1 {
+                libc::syscall(libc::SYS_close_range, lo + 1, hi - 1, 0u32);
+            }
+            libc::syscall(libc::SYS_close_range, hi + 1, u32::MAX, 0u32);
+            let mut byte = 0u8;
+            // EOF once this process (every thread of it) has exited; an error ends it too.
+            while libc::read(wait, (&mut byte as *mut u8).cast(), 1) > 0 {}
+            libc::_exit(0)
+        }
+    }
+    drop(rx);
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    // Closed by the kernel when this process exits: the holder's signal to let go.
+    std::mem::forget(tx);
+    Ok(())
+}

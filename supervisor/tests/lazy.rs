@@ -350,3 +350,68 @@ fn sixteen_concurrent_procs_make_one_download() {
     }
     assert_eq!(downloads, 1, "one download across 16 supervisors");
 }
+
+/// The pids of processes whose fanotify group marks the filesystem with (kernel) device `dev`.
+fn groups_marking(dev: u64) -> Vec<i32> {
+    let want = format!("sdev:{dev:x} ");
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let is_fan = std::fs::read_link(fd.path())
+                .map(|l| l.to_string_lossy().contains("fanotify"))
+                .unwrap_or(false);
+            let info = e.path().join("fdinfo").join(fd.file_name());
+            if is_fan && std::fs::read_to_string(info).is_ok_and(|t| t.contains(&want)) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+#[test]
+fn the_group_of_a_finished_run_is_let_go_by_no_process_left_behind() {
+    let s = setup(100_000);
+    s.snapshot();
+    let o = s.run(
+        true,
+        "import demo_z; print(len(open(demo_z.__path__[0] + '/blob.bin', 'rb').read()))",
+    );
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o).trim(), "100000");
+    assert!(
+        realm_line(&o).contains("backend lazy"),
+        "{}",
+        realm_line(&o)
+    );
+    // The image this realm's runs mount (one per realm here).
+    let lazy = s.cache().join("realms/r/lazy");
+    let mnt = std::fs::read_dir(&lazy)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .expect("the realm's image mount point");
+    let st_dev = std::fs::metadata(&mnt).unwrap().dev();
+    let dev = (u64::from(libc::major(st_dev)) << 20) | u64::from(libc::minor(st_dev));
+    // The run's group may outlive it for the kernel's teardown of its marks, in a holder that
+    // lets go once the supervisor has exited: never for long, and never for good.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = groups_marking(dev);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes {left:?} still hold the finished run's fanotify group"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
