@@ -82,26 +82,14 @@ pub struct LazyImage {
     pub mnt: PathBuf,
     /// `BOOT_ID INODE` per completed file (see [`FillServer::start`]).
     filled_log: PathBuf,
-    /// Inode number → placeholder.
-    files: HashMap<u64, Placeholder>,
-    /// The pre-content group that will watch it ([`FillServer::start`] marks it).
-    group: Fanotify,
+    /// Inode number → placeholder, or where that map is kept (read by the fill server's
+    /// thread, off the target's start).
+    files: Files,
 }
 
-/// A pre-content fanotify group (read-only event fds: the reader's path may be a read-only
-/// bind; fills write through the host mount). Its end, when its marks are destroyed (an SRCU
-/// grace period, 5–15 ms), is left to a detached holder that outlives this process, so the
-/// run's exit does not wait for it: made before the supervisor becomes a subreaper.
-fn group() -> Result<Fanotify, LazyError> {
-    let fan = Fanotify::init(
-        InitFlags::FAN_CLASS_PRE_CONTENT | InitFlags::FAN_CLOEXEC,
-        EventFFlags::O_RDONLY | EventFFlags::O_LARGEFILE,
-    )
-    .map_err(|source| LazyError::Fanotify { op: "init", source })?;
-    if let Err(e) = crate::sys::hold_until_exit(std::os::fd::AsFd::as_fd(&fan)) {
-        tracing::debug!("the fanotify group ends with the run: {e}");
-    }
-    Ok(fan)
+enum Files {
+    Made(HashMap<u64, Placeholder>),
+    Map(PathBuf),
 }
 
 fn is_mounted(mnt: &Path) -> Result<bool, LazyError> {
@@ -214,14 +202,9 @@ impl LazyImage {
             }
             std::fs::write(&tmp, text).map_err(io("write", &tmp))?;
             std::fs::rename(&tmp, &map).map_err(io("rename", &map))?;
-            files
+            Files::Made(files)
         } else {
-            let text = std::fs::read_to_string(&map).map_err(io("read", &map))?;
-            parse_map(&text).ok_or_else(|| LazyError::Io {
-                op: "parse",
-                path: map.clone(),
-                source: std::io::ErrorKind::InvalidData.into(),
-            })?
+            Files::Map(map)
         };
         let filled_log = base.join(format!("{key}.filled"));
         if !complete {
@@ -231,7 +214,6 @@ impl LazyImage {
             mnt,
             filled_log,
             files,
-            group: group()?,
         })
     }
 }
@@ -309,15 +291,23 @@ const FILL_THREADS: usize = 4;
 
 impl FillServer {
     /// Mark the image's filesystem and start answering its events. `rt` runs the fetcher.
+    ///
+    /// Only the group and its mark are made here, before the target is released: its first
+    /// touch then already waits for an answer. Everything else (the image's map, the log of
+    /// completed files, the workers) is set up by the event thread while the program loads.
     pub fn start(
         image: LazyImage,
         cache: Arc<RealmCache>,
         rt: tokio::runtime::Handle,
         report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
     ) -> Result<FillServer, LazyError> {
-        // Fills write through the host mount; the events those writes raise come from this
-        // process and are allowed.
-        let fan = image.group;
+        // Read-only event fds: the reader's path may be a read-only bind. Fills write through
+        // the host mount; the events those writes raise come from this process and are allowed.
+        let fan = Fanotify::init(
+            InitFlags::FAN_CLASS_PRE_CONTENT | InitFlags::FAN_CLOEXEC,
+            EventFFlags::O_RDONLY | EventFFlags::O_LARGEFILE,
+        )
+        .map_err(|source| LazyError::Fanotify { op: "init", source })?;
         let root = std::fs::File::open(&image.mnt).map_err(io("open", &image.mnt))?;
         fan.mark(
             MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
@@ -326,10 +316,119 @@ impl FillServer {
             None::<&Path>,
         )
         .map_err(|source| LazyError::Fanotify { op: "mark", source })?;
+        let stats = Arc::new(FillStats::default());
+        let counters = stats.clone();
+        std::thread::Builder::new()
+            .name("sigma-fanotify".into())
+            .spawn(move || {
+                // The group's end (its marks destroyed: an SRCU grace period, 5-15 ms) is
+                // left to a holder that outlives this process, so the run's exit does not
+                // wait for it. Without one it ends with the run, only later.
+                if let Err(e) = spawn_holder(&fan) {
+                    tracing::debug!("the fanotify group ends with the run: {e}");
+                }
+                match Server::new(fan, image, &root, cache, rt, counters, report) {
+                    Ok((server, fills)) => server.run(fills),
+                    Err((fan, e)) => {
+                        // Nothing may read a placeholder's zeros: every first touch fails.
+                        tracing::error!("lazy fills unavailable ({e}): reads of files not yet filled fail with EIO");
+                        deny_all(&fan)
+                    }
+                }
+            })
+            .map_err(io("spawn", Path::new("sigma-fanotify")))?;
+        Ok(FillServer { stats })
+    }
+}
+
+/// argv[0] of the process that holds a run's fanotify group until the run has exited
+/// ([`hold`], started by [`spawn_holder`]).
+pub const HOLDER_ARG0: &str = "sigma-supervise-hold";
+
+/// Start the holder of `fan`: this binary again, with a duplicate of the group as its stdout
+/// and the read end of a pipe as its stdin whose write end only this process holds (until it
+/// exits). No other descriptor reaches it (the spawn closes every close-on-exec one).
+fn spawn_holder(fan: &Fanotify) -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let group = std::os::fd::AsFd::as_fd(fan).try_clone_to_owned()?;
+    std::process::Command::new("/proc/self/exe")
+        .arg0(HOLDER_ARG0)
+        .env_clear()
+        .current_dir("/")
+        .stdin(std::process::Stdio::from(rx))
+        .stdout(std::process::Stdio::from(group))
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    // Closed by the kernel when this process exits: the holder's signal to let go.
+    std::mem::forget(tx);
+    Ok(())
+}
+
+/// The holder's whole life: wait for end of file on stdin (the run has exited), then exit,
+/// which drops the group on stdout.
+pub fn hold() -> ! {
+    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+    std::process::exit(0)
+}
+
+/// Answer every event with EIO (the server could not be set up).
+fn deny_all(fan: &Fanotify) {
+    loop {
+        match fan.read_events() {
+            Ok(events) => {
+                for ev in events {
+                    if let Some(fd) = ev.fd() {
+                        let _ = fan.write_response(FanotifyResponse::new(fd, deny_eio()));
+                    }
+                }
+            }
+            Err(nix::errno::Errno::EBADF | nix::errno::Errno::EINVAL) => return,
+            Err(_) => {}
+        }
+    }
+}
+
+impl Server {
+    /// The server of `image`, with its workers started. On failure the group comes back.
+    #[allow(clippy::type_complexity)]
+    fn new(
+        fan: Fanotify,
+        image: LazyImage,
+        root: &std::fs::File,
+        cache: Arc<RealmCache>,
+        rt: tokio::runtime::Handle,
+        stats: Arc<FillStats>,
+        report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
+    ) -> Result<(Arc<Server>, std::sync::mpsc::Sender<u64>), (Fanotify, LazyError)> {
+        let files = match image.files {
+            Files::Made(files) => files,
+            Files::Map(map) => {
+                match std::fs::read_to_string(&map)
+                    .ok()
+                    .and_then(|t| parse_map(&t))
+                {
+                    Some(files) => files,
+                    None => {
+                        // The next run materialises the image again.
+                        let _ = std::fs::remove_file(&map);
+                        let source = std::io::ErrorKind::InvalidData.into();
+                        return Err((
+                            fan,
+                            LazyError::Io {
+                                op: "read",
+                                path: map,
+                                source,
+                            },
+                        ));
+                    }
+                }
+            }
+        };
         // Files completed earlier in this boot: answered at once from `done`, and given ignore
-        // marks by path (a lookup, not an open) on the event thread before it reads events, so
-        // the target's start does not wait for them. After a crash of the machine the log's
-        // boot id differs, and each file is verified by its hash on its first touch instead.
+        // marks (by path: a lookup, not an open) before events are read. After a crash of the
+        // machine the log's boot id differs, and each file is verified by its hash on its
+        // first touch instead.
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .map(|b| b.trim().to_owned())
             .unwrap_or_default();
@@ -345,7 +444,7 @@ impl FillServer {
             let Some(p) = ino
                 .parse()
                 .ok()
-                .and_then(|i: u64| image.files.get(&i).map(|p| (i, p)))
+                .and_then(|i: u64| files.get(&i).map(|p| (i, p)))
             else {
                 continue;
             };
@@ -353,26 +452,31 @@ impl FillServer {
                 ignores.push(p.1.path.clone());
             }
         }
-        let log = std::fs::OpenOptions::new()
+        for path in ignores {
+            let _ = fan.mark(ignore_flags(), mask(), root, Some(Path::new(&path)));
+        }
+        let log = match std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&image.filled_log)
-            .map_err(io("open", &image.filled_log))?;
-        let stats = Arc::new(FillStats::default());
+        {
+            Ok(log) => log,
+            Err(e) => return Err((fan, io("open", &image.filled_log)(e))),
+        };
         let (tx, rx) = std::sync::mpsc::channel::<u64>();
         let server = Arc::new(Server {
             fan,
             mnt: image.mnt,
-            by_sha: image.files.iter().fold(HashMap::new(), |mut m, (ino, p)| {
+            by_sha: files.iter().fold(HashMap::new(), |mut m, (ino, p)| {
                 m.entry(p.sha256.clone())
                     .or_insert_with(Vec::new)
                     .push(*ino);
                 m
             }),
-            files: image.files,
+            files,
             cache,
             rt,
-            stats: stats.clone(),
+            stats,
             done: Mutex::new(done),
             log: Mutex::new(log),
             boot,
@@ -395,7 +499,7 @@ impl FillServer {
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..FILL_THREADS {
             let (server, rx) = (server.clone(), rx.clone());
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name(format!("sigma-fill-{i}"))
                 .spawn(move || loop {
                     let next = lock(&rx).recv();
@@ -403,21 +507,13 @@ impl FillServer {
                         Ok(ino) => server.fill_and_answer(ino),
                         Err(_) => return,
                     }
-                })
-                .map_err(io("spawn", Path::new("sigma-fill")))?;
+                });
+            if let Err(e) = spawned {
+                // Fewer workers fill more slowly; with none the event thread fills.
+                tracing::warn!("lazy fills: worker thread {i} not started: {e}");
+            }
         }
-        std::thread::Builder::new()
-            .name("sigma-fanotify".into())
-            .spawn(move || {
-                for path in ignores {
-                    let _ = server
-                        .fan
-                        .mark(ignore_flags(), mask(), &root, Some(Path::new(&path)));
-                }
-                server.run(tx)
-            })
-            .map_err(io("spawn", Path::new("sigma-fanotify")))?;
-        Ok(FillServer { stats })
+        Ok((server, tx))
     }
 }
 
@@ -535,7 +631,8 @@ impl Server {
                 waiting.insert(ino, vec![ev]);
                 drop(waiting);
                 if fills.send(ino).is_err() {
-                    return;
+                    // No worker could be started: fill here, one file at a time.
+                    self.fill_and_answer(ino);
                 }
             }
         }

@@ -179,6 +179,9 @@ fn init_logging(verbose: u8) {
 }
 
 fn main() -> ExitCode {
+    if std::env::args_os().next().as_deref() == Some(lazyfs::HOLDER_ARG0.as_ref()) {
+        lazyfs::hold()
+    }
     jail::mark("main");
     let cli = Cli::parse();
     jail::mark("clap");

@@ -457,6 +457,8 @@ pub struct Child {
     pub cgroup: Option<jail::limits::Cgroup>,
     /// The lock that keeps the proc's host id its own (keep it until the run ends).
     pub host_lock: Option<std::sync::Arc<jail::hostid::Lock>>,
+    /// `pid` is the init of the proc's pid namespace (else the target, with no jail).
+    pub jailed: bool,
 }
 
 impl Child {
@@ -615,6 +617,7 @@ pub fn spawn(mut p: Prepared) -> Result<Child, Failure> {
         go_tx: Some(go_tx),
         cgroup: None,
         host_lock: None,
+        jailed: false,
     })
     // `p` (with the scratch bind sources) drops here: the child's mounts are made (the listener
     // only comes after them) and keep the inodes alive.
@@ -901,5 +904,6 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         go_tx: Some(go_tx),
         cgroup,
         host_lock: plan.spec.host_lock.take(),
+        jailed: true,
     })
 }

@@ -195,7 +195,12 @@ fn exit_code(status: WaitStatus) -> Option<u8> {
 
 /// Reap until no child is left; forward terminating signals to the main child. Once the main
 /// child has exited, what it left behind gets SIGTERM, then SIGKILL after `grace`.
-fn wait_all(main_pid: i32, grace: Duration) -> anyhow::Result<u8> {
+///
+/// With `only_main` (the main child is the jail's init) only it is waited for: once the init of
+/// a pid namespace is gone, so is every process of the jail (init saw to the grace period), and
+/// no process of the proc can be orphaned to us. Other children are the supervisor's own
+/// helpers, which outlive it by design (the lazy backend's group holder).
+fn wait_all(main_pid: i32, grace: Duration, only_main: bool) -> anyhow::Result<u8> {
     let set = handled_signals();
     let tree = Tree {
         root: main_pid,
@@ -207,12 +212,16 @@ fn wait_all(main_pid: i32, grace: Duration) -> anyhow::Result<u8> {
     let mut terminated = false;
     loop {
         loop {
-            match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
+            let which = only_main.then_some(nix::unistd::Pid::from_raw(main_pid));
+            match waitpid(which, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(status) => {
                     if status.pid().map(|p| p.as_raw()) == Some(main_pid) {
                         if let Some(c) = exit_code(status) {
                             main_status = Some(c);
+                            if only_main {
+                                return Ok(c);
+                            }
                         }
                     }
                 }
@@ -326,18 +335,19 @@ pub fn supervise(
         .spawn(move || receive_loop(sh2, pin_cpu))
         .context("starting the notification thread")?;
     let pid = child.pid;
+    let jailed = child.jailed;
     let display = child.display.clone();
     let _cgroup = child.cgroup.take();
     let _host_lock = child.host_lock.take();
     if let Err(errno) = child.exec_result() {
-        let _ = wait_all(pid, grace);
+        let _ = wait_all(pid, grace, jailed);
         let e = Errno::from_raw(errno);
         return Err(Failure {
             error: anyhow!("cannot execute {display}: {}", e.desc()),
             code: if e == Errno::ENOENT { 127 } else { 126 },
         });
     }
-    let code = wait_all(pid, grace)?;
+    let code = wait_all(pid, grace, jailed)?;
     jail::mark("reaped");
     // No child is left; once the last task using the filter is released the listener hangs up.
     let mut fds = [nix::poll::PollFd::new(
