@@ -415,3 +415,51 @@ fn the_group_of_a_finished_run_is_let_go_by_no_process_left_behind() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn a_corrupt_image_map_fails_first_touches_with_eio_and_the_next_run_rebuilds_it() {
+    let s = setup(200_000);
+    s.snapshot();
+    let want = s.sha256_of(&s.pkg.join("blob.bin"));
+    // The image is made, nothing is filled.
+    let o = s.run(
+        true,
+        "import os; print(os.stat('/sigma/lib/demo_z/blob.bin').st_size)",
+    );
+    assert_eq!(stdout(&o).trim(), "200000");
+    assert!(
+        realm_line(&o).contains("backend lazy"),
+        "{}",
+        realm_line(&o)
+    );
+    let lazy = s.cache().join("realms/r/lazy");
+    let map = std::fs::read_dir(&lazy)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".inodes.json"))
+        .expect("the image's map");
+    std::fs::write(&map, "not a map\n").unwrap();
+    let code = "import hashlib, demo_z; print(hashlib.sha256(open(demo_z.__path__[0] + '/blob.bin', 'rb').read()).hexdigest())";
+    let o = s.run(true, code);
+    assert_ne!(
+        o.status.code(),
+        Some(0),
+        "a placeholder was read without its server"
+    );
+    assert!(!stdout(&o).contains(&want));
+    assert!(
+        stderr(&o).contains("Input/output error") || stderr(&o).contains("Errno 5"),
+        "{}",
+        stderr(&o)
+    );
+    // The corrupt map is gone: the next run makes the image again and reads real bytes.
+    let o = s.run(true, code);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), want);
+    assert!(
+        realm_line(&o).contains("backend lazy"),
+        "{}",
+        realm_line(&o)
+    );
+}
