@@ -131,12 +131,19 @@ fn key(opts: &Options, source: &policies::Source) -> String {
     } else {
         digest(&source.text)
     };
+    // Only where a served dir appears shapes the program, not which host dir serves it: every
+    // realm's lib dir shares one entry (the policy is built with the run's own serves).
+    let served_at: Vec<&str> = opts
+        .serves
+        .iter()
+        .map(|s| s.split_once('=').map_or(s.as_str(), |(at, _)| at))
+        .collect();
     format!(
-        "v1 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} serves={:?} audit={} \
+        "v2 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} served_at={:?} audit={} \
          jailed={} notify_paths={} read_only_hints={}",
         env!("CARGO_PKG_VERSION"),
         source.file,
-        opts.serves,
+        served_at,
         opts.audit,
         opts.jailed,
         opts.notify_paths,
@@ -252,6 +259,38 @@ mod tests {
                 .count(),
             3
         );
+    }
+
+    #[test]
+    fn realms_served_from_different_dirs_share_one_entry_and_get_their_own_dirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let serve = |d: &std::path::Path| vec![format!("/sigma/lib={}", d.display())];
+        let (sa, sb) = (serve(&a), serve(&b));
+        let mut o = opts("sigmaos");
+        o.serves = &sa;
+        let first = compile(&o, Some(dir.path())).unwrap();
+        assert!(!first.cached);
+        o.serves = &sb;
+        let second = compile(&o, Some(dir.path())).unwrap();
+        assert!(second.cached, "another realm's lib dir is a hit");
+        let fresh = compile(&o, None).unwrap();
+        assert_eq!(second.filter.to_bytes(), fresh.filter.to_bytes());
+        assert_eq!(
+            second.policy.filter_spec(second.elide),
+            fresh.policy.filter_spec(fresh.elide)
+        );
+        let served = |c: &Compiled| {
+            c.policy
+                .served()
+                .iter()
+                .map(|s| s.dir.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(served(&second), served(&fresh));
+        assert_ne!(served(&second), served(&first));
     }
 
     #[test]
