@@ -22,6 +22,8 @@
     python3 scripts/bench-fetch.py -n 5 --wheel W/pandas-*.whl --needed W/numpy-*.whl \
         --needed W/python_dateutil-*.whl --needed W/pytz-*.whl --needed W/tzdata-*.whl \
         --needed W/six-*.whl --import pandas     # a larger set: pandas and its dependencies
+    python3 scripts/bench-fetch.py -n 101 --baseline OLD \
+        --sides 'bare,warm,warm base,partial lazy,partial lazy base'   # the fast sides only
 
 Wheels default to ${SIGMA_CACHE:-~/.cache/sigma-ci}/wheels/{numpy,six}__*/*.whl (the fetcher
 tests download numpy; `pip download --no-deps six -d DIR` for six); MinIO to
@@ -81,8 +83,12 @@ def main() -> None:
                     help="what the timed command imports (default: the first wheel's name)")
     ap.add_argument("--uv", default=shutil.which("uv"))
     ap.add_argument("--baseline", default=None, metavar="SUPERVISOR",
-                    help="another sigma-supervise build: adds its cold and new-realm runs")
+                    help="another sigma-supervise build: adds its cold, new-realm, warm and "
+                         "partial --lazy runs")
     ap.add_argument("--minio", default=str(ci_cache() / "bin" / "minio"))
+    ap.add_argument("--sides", default=None, metavar="NAME,NAME",
+                    help="run only these sides (e.g. 'bare,warm,partial lazy'): more rounds of "
+                         "the fast ones in the same time")
     args = ap.parse_args()
     py = real_python(args.python)
     sup = args.supervisor
@@ -156,11 +162,15 @@ def main() -> None:
         run(supervised(warm), env=aws)
         partial = work / "partial-cache"
         partial_lazy = work / "partial-lazy-cache"
+        partial_lazy_base = work / "partial-lazy-base-cache"
         if extra:
             run(supervised(partial, "s3://libs2", partial=True), env=aws)
             run(supervised(partial, "s3://libs2", partial=True), env=aws)
             for _ in range(3):
                 run(supervised(partial_lazy, "s3://libs2", lazy=True, partial=True), env=aws)
+                if args.baseline:
+                    run(supervised(partial_lazy_base, "s3://libs2", lazy=True, partial=True,
+                                   binary=args.baseline), env=aws)
         uv_warm_cache = work / "uv-warm-cache"
         uv_install(work / "uv-warm-venv", uv_warm_cache)
         site = work / "site"
@@ -197,6 +207,8 @@ def main() -> None:
                     supervised(work / f"base-cold-cache-{i}", binary=args.baseline), env=aws)))
                 sides.append(side("new realm base", lambda: run(
                     supervised(warm, realm=f"base-new-{i}", binary=args.baseline), env=aws)))
+                sides.append(side("warm base", lambda: run(
+                    supervised(warm, binary=args.baseline), env=aws)))
             if extra:
                 sides.append(side("partial",
                                   lambda: run(supervised(partial, "s3://libs2", partial=True),
@@ -204,6 +216,13 @@ def main() -> None:
                 sides.append(side("partial lazy",
                                   lambda: run(supervised(partial_lazy, "s3://libs2", lazy=True,
                                                          partial=True), env=aws)))
+                if args.baseline:
+                    sides.append(side("partial lazy base", lambda: run(
+                        supervised(partial_lazy_base, "s3://libs2", lazy=True, partial=True,
+                                   binary=args.baseline), env=aws)))
+            if args.sides:
+                wanted = {w.strip() for w in args.sides.split(",")}
+                sides = [sd for sd in sides if sd[0] in wanted]
             k = i % len(sides)
             for name, fn in sides[k:] + sides[:k]:
                 times.setdefault(name, []).append(fn())
@@ -213,12 +232,14 @@ def main() -> None:
               f"`{code}`; {args.n} rounds, "
               f"rotating order; python {py}; {subprocess.run([args.uv, '--version'], capture_output=True, text=True).stdout.strip()}")
         for name, v in times.items():
-            print(f"  {name:14} median {med[name] * 1e3:8.1f} ms  "
+            print(f"  {name:17} median {med[name] * 1e3:8.1f} ms  "
                   f"(min {min(v) * 1e3:.1f}, max {max(v) * 1e3:.1f})")
         goals = [("cold", "uv cold", 0.5), ("cold", "uv warm", None), ("cold", "pip", None),
                  ("new realm", "bare", 1.2), ("warm", "bare", 1.05), ("partial", "bare", 1.10),
                  ("partial lazy", "bare", 1.10), ("cold", "cold base", None),
-                 ("new realm", "new realm base", None), ("new realm base", "bare", None)]
+                 ("new realm", "new realm base", None), ("new realm base", "bare", None),
+                 ("warm base", "bare", None), ("partial lazy base", "bare", None),
+                 ("partial lazy", "partial lazy base", None)]
         for a_, b_, goal in goals:
             if a_ in med and b_ in med:
                 g = f" (goal <= {goal})" if goal else ""
