@@ -295,11 +295,17 @@ impl FillServer {
     /// Only the group and its mark are made here, before the target is released: its first
     /// touch then already waits for an answer. Everything else (the image's map, the log of
     /// completed files, the workers) is set up by the event thread while the program loads.
+    ///
+    /// `detach_teardown`: leave the group's end to a holder process ([`spawn_holder`]). Only
+    /// where the run does not wait for every child of its own (a jailed run waits for its init
+    /// alone; without a jail the supervisor reaps every process it has, and would wait for the
+    /// holder).
     pub fn start(
         image: LazyImage,
         cache: Arc<RealmCache>,
         rt: tokio::runtime::Handle,
         report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
+        detach_teardown: bool,
     ) -> Result<FillServer, LazyError> {
         // Read-only event fds: the reader's path may be a read-only bind. Fills write through
         // the host mount; the events those writes raise come from this process and are allowed.
@@ -324,8 +330,10 @@ impl FillServer {
                 // The group's end (its marks destroyed: an SRCU grace period, 5-15 ms) is
                 // left to a holder that outlives this process, so the run's exit does not
                 // wait for it. Without one it ends with the run, only later.
-                if let Err(e) = spawn_holder(&fan) {
-                    tracing::debug!("the fanotify group ends with the run: {e}");
+                if detach_teardown {
+                    if let Err(e) = spawn_holder(&fan) {
+                        tracing::debug!("the fanotify group ends with the run: {e}");
+                    }
                 }
                 match Server::new(fan, image, &root, cache, rt, counters, report) {
                     Ok((server, fills)) => server.run(fills),

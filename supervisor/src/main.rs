@@ -350,7 +350,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             (Some(n), _, _) => Box::new(r.kernel_served_resolver(n)),
             (None, Some(view), _) => Box::new(r.trees_resolver(view)),
             // Marked before the target is released: its first touch already waits for a fill.
-            (None, None, Some(img)) => Box::new(r.start_lazy(img)?),
+            (None, None, Some(img)) => Box::new(r.start_lazy(img, !cli.jail.no_jail)?),
             // Notified calls wait in the kernel until the notification thread reads them: the
             // program loads while the realm's cache, runtime and prefetch start.
             (None, None, None) => {

@@ -341,14 +341,24 @@ impl RealmPlan {
     }
 
     /// Serve `image` (already bound at the prefix): mark it and answer its first touches.
-    pub fn start_lazy(self, image: crate::lazyfs::LazyImage) -> anyhow::Result<LazyServed> {
+    /// `detach_teardown`: see [`crate::lazyfs::FillServer::start`].
+    pub fn start_lazy(
+        self,
+        image: crate::lazyfs::LazyImage,
+        detach_teardown: bool,
+    ) -> anyhow::Result<LazyServed> {
         let (rt, cache, reported, _) = self.open_cache(false, false)?;
         let (realm, bucket) = (self.opts.realm.clone(), self.bucket.clone());
         let report: Arc<dyn Fn(&FetchError) + Send + Sync> =
             Arc::new(move |e| report_once(&reported, &realm, &bucket, e));
-        let server =
-            crate::lazyfs::FillServer::start(image, cache.clone(), rt.handle().clone(), report)
-                .map_err(|e| anyhow!("realm {}: {e}", self.opts.realm))?;
+        let server = crate::lazyfs::FillServer::start(
+            image,
+            cache.clone(),
+            rt.handle().clone(),
+            report,
+            detach_teardown,
+        )
+        .map_err(|e| anyhow!("realm {}: {e}", self.opts.realm))?;
         Ok(LazyServed {
             realm: self.opts.realm,
             bucket: self.bucket,

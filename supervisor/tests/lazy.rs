@@ -463,3 +463,47 @@ fn a_corrupt_image_map_fails_first_touches_with_eio_and_the_next_run_rebuilds_it
         realm_line(&o)
     );
 }
+
+#[test]
+fn a_run_without_a_jail_ends_when_its_program_does() {
+    let s = setup(100_000);
+    s.snapshot();
+    // A long grace period: a run that waited for a process of its own other than the
+    // program's (the group's holder) would only end after it.
+    let grace = Duration::from_secs(30);
+    let started = Instant::now();
+    let o = interp::supervisor()
+        .env_remove("PYTHONPATH")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .args([
+            "--no-jail",
+            "--stats",
+            "--no-prefetch",
+            "--lazy",
+            "--grace",
+            "30",
+        ])
+        .args(["--realm", "r", "--bucket", &s.bucket])
+        .arg("--cache-dir")
+        .arg(s.cache())
+        .args([
+            "python3",
+            "-c",
+            "import demo_z; print(len(open(demo_z.__path__[0] + '/blob.bin', 'rb').read()))",
+        ])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    eprintln!("--- stderr\n{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o).trim(), "100000");
+    assert!(
+        realm_line(&o).contains("backend lazy"),
+        "{}",
+        realm_line(&o)
+    );
+    assert!(
+        took < grace,
+        "the run outlived its program by the grace period ({took:?})"
+    );
+}
