@@ -15,7 +15,8 @@
 //!
 //! Every supervisor that exposes the image holds its own group and mark, so a reader is never
 //! unwatched while its supervisor lives; concurrent supervisors of a realm fill a file with the
-//! same verified bytes. A fill writes through the host mount (the reader's event fd may be on a
+//! same verified bytes. The end of a group (its marks destroyed: an SRCU grace period, 5-15 ms)
+//! is left to a holder process that exits after the run, so no run waits for it ([`hold`]). A fill writes through the host mount (the reader's event fd may be on a
 //! read-only bind); the events that raises are allowed at once by every server, which knows a
 //! peer by its executable (a target running this binary could read a placeholder's zeros for
 //! itself, never anyone else's file).
