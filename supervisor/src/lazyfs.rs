@@ -16,10 +16,11 @@
 //! Every supervisor that exposes the image holds its own group and mark, so a reader is never
 //! unwatched while its supervisor lives; concurrent supervisors of a realm fill a file with the
 //! same verified bytes. The end of a group (its marks destroyed: an SRCU grace period, 5-15 ms)
-//! is left to a holder process that exits after the run, so no run waits for it ([`hold`]). A fill writes through the host mount (the reader's event fd may be on a
-//! read-only bind); the events that raises are allowed at once by every server, which knows a
-//! peer by its executable (a target running this binary could read a placeholder's zeros for
-//! itself, never anyone else's file).
+//! is left to a holder process that exits after the run, so no run waits for it ([`hold`]).
+//! A fill writes through the host mount (the reader's event fd may be on a read-only bind); the
+//! events that raises are allowed at once by every server, which knows a peer by its executable
+//! (a target running this binary could read a placeholder's zeros for itself, never anyone
+//! else's file).
 //! Needs `CAP_SYS_ADMIN` in the initial namespace (mount, fanotify); without it the
 //! notification path serves the realm.
 #![forbid(unsafe_code)]
@@ -340,7 +341,10 @@ impl FillServer {
                     Ok((server, fills)) => server.run(fills),
                     Err((fan, e)) => {
                         // Nothing may read a placeholder's zeros: every first touch fails.
-                        tracing::error!("lazy fills unavailable ({e}): reads of files not yet filled fail with EIO");
+                        tracing::error!(
+                            "lazy fills unavailable ({e}): reads of files not yet filled fail \
+                             with EIO"
+                        );
                         deny_all(&fan)
                     }
                 }
