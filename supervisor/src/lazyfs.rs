@@ -379,8 +379,10 @@ fn spawn_holder(fan: &Fanotify) -> std::io::Result<()> {
 }
 
 /// The holder's whole life: wait for end of file on stdin (the run has exited), then exit,
-/// which drops the group on stdout.
+/// which drops the group on stdout. Whatever else it inherited from the supervisor's own
+/// parent (descriptors that are not close-on-exec) is closed first: it holds nobody's pipe.
 pub fn hold() -> ! {
+    jail::close_fds_from(2);
     let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
     std::process::exit(0)
 }

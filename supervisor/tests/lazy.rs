@@ -507,3 +507,76 @@ fn a_run_without_a_jail_ends_when_its_program_does() {
         "the run outlived its program by the grace period ({took:?})"
     );
 }
+
+#[test]
+fn the_holder_of_a_running_group_holds_only_the_group_and_its_pipe() {
+    let s = setup(100_000);
+    s.snapshot();
+    let o = s.run(
+        true,
+        "import os; print(os.path.getsize('/sigma/lib/demo_z/blob.bin'))",
+    );
+    assert_eq!(stdout(&o).trim(), "100000");
+    // A descriptor the supervisor inherits from its parent (not close-on-exec), as a build
+    // tool's pipe would be: the holder must not keep it open.
+    let (_keep_r, inherited) = nix::unistd::pipe().unwrap();
+    let child = s
+        .cmd(true, "import time; time.sleep(3)")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(inherited);
+    let mut child = scopeguard(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let holder = loop {
+        let found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let arg0 = cmdline.split(|&b| b == 0).next()?;
+            let ppid = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // Ours: a child of the supervisor this test started.
+            let ppid: u32 = ppid
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (arg0 == b"sigma-supervise-hold" && ppid == child.0.id()).then(|| e.path())
+        });
+        if let Some(p) = found {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no holder started by the lazy run"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut fds: Vec<String> = std::fs::read_dir(holder.join("fd"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    fds.sort();
+    assert_eq!(
+        fds,
+        ["0", "1"],
+        "the holder keeps only its pipe and the group"
+    );
+    let group = std::fs::read_link(holder.join("fd/1")).unwrap();
+    assert!(group.to_string_lossy().contains("fanotify"), "{group:?}");
+    assert!(child.0.wait().unwrap().success());
+}
+
+/// Kills the child if the test fails before waiting for it.
+struct Guard(std::process::Child);
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+fn scopeguard(c: std::process::Child) -> Guard {
+    Guard(c)
+}
