@@ -1,7 +1,7 @@
 //! The bucket index: which distribution provides which top-level names, and the sha256 and size
 //! of every file. Layout and format are documented in `fetcher/README.md`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Component, Path};
 
 use serde::{Deserialize, Serialize};
@@ -147,12 +147,15 @@ pub(crate) fn check_rel_path(path: &str) -> Result<()> {
     }
 }
 
-fn check_sha(what: &str, sha: &str) -> Result<()> {
-    if sha.len() == 64
+fn is_sha(sha: &str) -> bool {
+    sha.len() == 64
         && sha
             .bytes()
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-    {
+}
+
+fn check_sha(what: &str, sha: &str) -> Result<()> {
+    if is_sha(sha) {
         Ok(())
     } else {
         Err(FetchError::invalid(what, format!("bad sha256 {sha:?}")))
@@ -322,11 +325,23 @@ fn validate_package(pkg: &Package) -> Result<()> {
     if top.is_empty() || top.len() != pkg.top_level.len() {
         return Err(FetchError::invalid(&what, "top_level empty or repeated"));
     }
-    let mut seen = BTreeSet::new();
+    // One pass over the files (a package has thousands): each path checked, its first
+    // component noted as a directory or as a file at the top.
+    let mut seen = HashSet::with_capacity(pkg.files.len());
+    let mut top_dirs: BTreeSet<&str> = BTreeSet::new();
+    let mut top_files: BTreeSet<&str> = BTreeSet::new();
     for f in &pkg.files {
         check_rel_path(&f.path)?;
-        check_sha(&format!("{what}: {}", f.path), &f.sha256)?;
-        let first = f.path.split('/').next().unwrap_or("");
+        if !is_sha(&f.sha256) {
+            return Err(FetchError::invalid(
+                format!("{what}: {}", f.path),
+                format!("bad sha256 {:?}", f.sha256),
+            ));
+        }
+        let (first, is_dir) = match f.path.split_once('/') {
+            Some((d, _)) => (d, true),
+            None => (f.path.as_str(), false),
+        };
         if !top.contains(first) {
             return Err(FetchError::invalid(
                 &what,
@@ -339,32 +354,27 @@ fn validate_package(pkg: &Package) -> Result<()> {
                 format!("file {} listed twice", f.path),
             ));
         }
-    }
-    for t in &top {
-        if !pkg
-            .files
-            .iter()
-            .any(|f| f.path == *t || f.path.starts_with(&format!("{t}/")))
-        {
-            return Err(FetchError::invalid(
-                &what,
-                format!("top-level name {t} has no files"),
-            ));
+        if is_dir {
+            top_dirs.insert(first);
+        } else {
+            top_files.insert(first);
         }
+    }
+    if let Some(t) = top
+        .iter()
+        .find(|t| !top_dirs.contains(*t) && !top_files.contains(*t))
+    {
+        return Err(FetchError::invalid(
+            &what,
+            format!("top-level name {t} has no files"),
+        ));
     }
     // A top-level name is either a file or a directory, never both.
-    for f in &pkg.files {
-        if top.contains(f.path.as_str())
-            && pkg
-                .files
-                .iter()
-                .any(|g| g.path.starts_with(&format!("{}/", f.path)))
-        {
-            return Err(FetchError::invalid(
-                &what,
-                format!("{} is both a file and a directory", f.path),
-            ));
-        }
+    if let Some(t) = top_files.intersection(&top_dirs).next() {
+        return Err(FetchError::invalid(
+            &what,
+            format!("{t} is both a file and a directory"),
+        ));
     }
     Ok(())
 }
@@ -398,6 +408,40 @@ pub(crate) mod tests {
                     size: 3,
                 })
                 .collect(),
+        }
+    }
+
+    #[test]
+    fn hostile_packages_are_refused_with_what_is_wrong() {
+        let refused = |p: Package, why: &str| {
+            let e = validate_package(&p).unwrap_err().to_string();
+            assert!(e.contains(why), "{e:?} lacks {why:?}");
+        };
+        validate_package(&pkg(
+            "ok",
+            &["ok/__init__.py", "ok/a/b.py", "ok.py.libs/x.so"],
+        ))
+        .unwrap();
+        let mut p = pkg("p", &["p/a.py"]);
+        p.files.push(p.files[0].clone());
+        refused(p, "listed twice");
+        let mut p = pkg("p", &["p/a.py"]);
+        p.files[0].path = "q/a.py".into();
+        refused(p, "outside its top-level names");
+        let mut p = pkg("p", &["p/a.py"]);
+        p.top_level.push("r".into());
+        refused(p, "top-level name r has no files");
+        refused(
+            pkg("p", &["p", "p/a.py"]),
+            "p is both a file and a directory",
+        );
+        let mut p = pkg("p", &["p/a.py"]);
+        p.files[0].sha256 = "B".repeat(64);
+        refused(p, "bad sha256");
+        for bad in ["p/../x", "p//a", "p/./a", "/p/a", "p\\a"] {
+            let mut p = pkg("p", &["p/a.py"]);
+            p.files[0].path = bad.into();
+            refused(p, "package paths must be relative");
         }
     }
 
