@@ -94,6 +94,16 @@ impl Setup {
         assert_eq!(stdout(&o), "['demo_y', 'demo_z']\n");
     }
 
+    /// The entry of the realm's lazy dir that `pick` chooses (one image per realm here).
+    fn lazy_entry(&self, what: &str, pick: impl Fn(&Path) -> bool) -> PathBuf {
+        std::fs::read_dir(self.cache().join("realms/r/lazy"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| pick(p))
+            .unwrap_or_else(|| panic!("no {what} in the realm's lazy dir"))
+    }
+
     fn sha256_of(&self, path: &Path) -> String {
         let o = Command::new("python3")
             .args([
@@ -113,6 +123,12 @@ fn realm_line(o: &Output) -> String {
         .find(|l| l.starts_with("sigma-supervise realm "))
         .unwrap_or_else(|| panic!("no realm line:\n{}", stderr(o)))
         .to_owned()
+}
+
+/// The run was served by the lazy backend (not a fallback).
+fn assert_lazy(o: &Output) {
+    let line = realm_line(o);
+    assert!(line.contains("backend lazy"), "{line}");
 }
 
 fn counter(line: &str, after: &str) -> u64 {
@@ -385,19 +401,8 @@ fn the_group_of_a_finished_run_is_let_go_by_no_process_left_behind() {
     );
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(stdout(&o).trim(), "100000");
-    assert!(
-        realm_line(&o).contains("backend lazy"),
-        "{}",
-        realm_line(&o)
-    );
-    // The image this realm's runs mount (one per realm here).
-    let lazy = s.cache().join("realms/r/lazy");
-    let mnt = std::fs::read_dir(&lazy)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.is_dir())
-        .expect("the realm's image mount point");
+    assert_lazy(&o);
+    let mnt = s.lazy_entry("image mount point", |p| p.is_dir());
     let st_dev = std::fs::metadata(&mnt).unwrap().dev();
     let dev = (u64::from(libc::major(st_dev)) << 20) | u64::from(libc::minor(st_dev));
     // The run's group may outlive it for the kernel's teardown of its marks, in a holder that
@@ -427,18 +432,10 @@ fn a_corrupt_image_map_fails_first_touches_with_eio_and_the_next_run_rebuilds_it
         "import os; print(os.stat('/sigma/lib/demo_z/blob.bin').st_size)",
     );
     assert_eq!(stdout(&o).trim(), "200000");
-    assert!(
-        realm_line(&o).contains("backend lazy"),
-        "{}",
-        realm_line(&o)
-    );
-    let lazy = s.cache().join("realms/r/lazy");
-    let map = std::fs::read_dir(&lazy)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.to_string_lossy().ends_with(".inodes.json"))
-        .expect("the image's map");
+    assert_lazy(&o);
+    let map = s.lazy_entry("image map", |p| {
+        p.to_string_lossy().ends_with(".inodes.json")
+    });
     std::fs::write(&map, "not a map\n").unwrap();
     let code = "import hashlib, demo_z; print(hashlib.sha256(open(demo_z.__path__[0] + '/blob.bin', 'rb').read()).hexdigest())";
     let o = s.run(true, code);
@@ -457,11 +454,7 @@ fn a_corrupt_image_map_fails_first_touches_with_eio_and_the_next_run_rebuilds_it
     let o = s.run(true, code);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o).trim(), want);
-    assert!(
-        realm_line(&o).contains("backend lazy"),
-        "{}",
-        realm_line(&o)
-    );
+    assert_lazy(&o);
 }
 
 #[test]
@@ -497,11 +490,7 @@ fn a_run_without_a_jail_ends_when_its_program_does() {
     eprintln!("--- stderr\n{}", stderr(&o));
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(stdout(&o).trim(), "100000");
-    assert!(
-        realm_line(&o).contains("backend lazy"),
-        "{}",
-        realm_line(&o)
-    );
+    assert_lazy(&o);
     assert!(
         took < grace,
         "the run outlived its program by the grace period ({took:?})"
