@@ -347,7 +347,9 @@ impl RealmPlan {
         image: crate::lazyfs::LazyImage,
         detach_teardown: bool,
     ) -> anyhow::Result<LazyServed> {
-        let (rt, cache, reported, _) = self.open_cache(false, false)?;
+        // Completed like a realm served by notification: once every package is installed, the
+        // next start mounts the lib dir and the image is no longer needed.
+        let (rt, cache, reported, _) = self.open_cache(false, true)?;
         let (realm, bucket) = (self.opts.realm.clone(), self.bucket.clone());
         let report: Arc<dyn Fn(&FetchError) + Send + Sync> =
             Arc::new(move |e| report_once(&reported, &realm, &bucket, e));

@@ -569,3 +569,37 @@ impl Drop for Guard {
 fn scopeguard(c: std::process::Child) -> Guard {
     Guard(c)
 }
+
+#[test]
+fn a_lazy_run_completes_a_realm_that_lacks_little_and_the_next_start_is_a_mount() {
+    let s = setup(100_000);
+    s.snapshot();
+    // Without --no-prefetch: the run installs what the realm lacks (demo_y, never imported)
+    // while the program runs (it sleeps long enough for two small packages).
+    let o = interp::supervisor()
+        .env_remove("PYTHONPATH")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .args(["--stats", "--lazy", "--realm", "r", "--bucket", &s.bucket])
+        .arg("--cache-dir")
+        .arg(s.cache())
+        .args([
+            "python3",
+            "-c",
+            "import time, demo_z; print(len(open(demo_z.__path__[0] + '/blob.bin', 'rb').read())); time.sleep(2)",
+        ])
+        .output()
+        .unwrap();
+    eprintln!("--- stderr\n{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o).trim(), "100000");
+    assert_lazy(&o);
+    // Complete now: mounted, whatever the flag says, with the same bytes.
+    let o = s.run(
+        true,
+        "import demo_y, demo_z; print(len(open(demo_z.__path__[0] + '/blob.bin', 'rb').read()))",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "100000");
+    let line = realm_line(&o);
+    assert!(line.contains("backend kernel"), "{line}");
+}
