@@ -78,6 +78,7 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
         if let Err(e) = write(f, &entry) {
             tracing::debug!("not caching the compiled profile at {}: {e:#}", f.display());
         }
+        prune(f, STALE_AFTER);
     }
     Ok(Compiled {
         policy,
@@ -194,6 +195,30 @@ fn read(file: &Path, key: &str) -> Option<Entry> {
     (entry.key == key).then_some(entry)
 }
 
+/// Entries not written for this long go when another entry is made (a run that misses the
+/// cache): those of earlier builds of this program, of options no longer used. An entry still
+/// in use is only compiled again once.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Remove the entries beside `keep` last written more than `age` ago (best effort).
+fn prune(keep: &Path, age: std::time::Duration) {
+    let Some(dir) = keep.parent() else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    for e in entries.flatten() {
+        let path = e.path();
+        let stale = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| now.duration_since(t).is_ok_and(|d| d > age));
+        if stale && path != keep && path.extension().is_some_and(|x| x == "json") {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
 /// Write atomically: a temporary file in the same directory, renamed over the entry.
 fn write(file: &Path, entry: &Entry) -> anyhow::Result<()> {
     let dir = file.parent().context("entry has no directory")?;
@@ -291,6 +316,47 @@ mod tests {
         };
         assert_eq!(served(&second), served(&fresh));
         assert_ne!(served(&second), served(&first));
+    }
+
+    #[test]
+    fn entries_left_unwritten_for_long_go_when_another_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        compile(&opts("sigmaos"), Some(dir.path())).unwrap();
+        let filters = dir.path().join("filters");
+        let old = std::fs::read_dir(&filters)
+            .unwrap()
+            .flatten()
+            .next()
+            .unwrap()
+            .path();
+        let stray = filters.join("notes.txt");
+        std::fs::write(&stray, "kept: not an entry").unwrap();
+        let long_ago = std::time::SystemTime::now() - 2 * STALE_AFTER;
+        for p in [&old, &stray] {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(long_ago)
+                .unwrap();
+        }
+        // A hit prunes nothing.
+        assert!(compile(&opts("sigmaos"), Some(dir.path())).unwrap().cached);
+        assert!(old.exists());
+        // A miss (other options) makes its entry and removes the stale one.
+        let mut o = opts("sigmaos");
+        o.audit = true;
+        assert!(!compile(&o, Some(dir.path())).unwrap().cached);
+        assert!(!old.exists(), "a stale entry is removed");
+        assert!(stray.exists(), "only entries are removed");
+        assert_eq!(
+            std::fs::read_dir(&filters)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+                .count(),
+            1
+        );
     }
 
     #[test]
