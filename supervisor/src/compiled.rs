@@ -134,10 +134,14 @@ fn key(opts: &Options, source: &policies::Source) -> String {
     };
     // Only where a served dir appears shapes the program, not which host dir serves it: every
     // realm's lib dir shares one entry (the policy is built with the run's own serves).
-    let served_at: Vec<&str> = opts
+    let served_at: Vec<String> = opts
         .serves
         .iter()
-        .map(|s| s.split_once('=').map_or(s.as_str(), |(at, _)| at))
+        .map(|s| match policies::parse_serve_arg(s) {
+            Ok((at, _)) => at.display().to_string(),
+            // Refused when the policy is built; keyed as given meanwhile.
+            Err(_) => s.clone(),
+        })
         .collect();
     format!(
         "v2 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} served_at={:?} audit={} \
