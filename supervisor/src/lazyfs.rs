@@ -329,15 +329,21 @@ impl FillServer {
         std::thread::Builder::new()
             .name("sigma-fanotify".into())
             .spawn(move || {
-                // The group's end (its marks destroyed: an SRCU grace period, 5-15 ms) is
-                // left to a holder that outlives this process, so the run's exit does not
-                // wait for it. Without one it ends with the run, only later.
+                let served = Server::new(fan, image, &root, cache, rt, counters, report);
+                // Once the server can answer (events wait until then): the group's end (its
+                // marks destroyed, an SRCU grace period, 5-15 ms) is left to a holder that
+                // outlives this process, so the run's exit does not wait for it. Without one it
+                // ends with the run, only later.
                 if detach_teardown {
-                    if let Err(e) = spawn_holder(&fan) {
+                    let fan = match &served {
+                        Ok((server, _)) => &server.fan,
+                        Err((fan, _)) => fan,
+                    };
+                    if let Err(e) = spawn_holder(fan) {
                         tracing::debug!("the fanotify group ends with the run: {e}");
                     }
                 }
-                match Server::new(fan, image, &root, cache, rt, counters, report) {
+                match served {
                     Ok((server, fills)) => server.run(fills),
                     Err((fan, e)) => {
                         // Nothing may read a placeholder's zeros: every first touch fails.
