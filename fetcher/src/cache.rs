@@ -406,6 +406,8 @@ pub struct RealmCache {
     stamped: AtomicBool,
     /// See [`RealmCache::set_file_hook`].
     hook: Mutex<Option<Arc<FileHook>>>,
+    /// See [`RealmCache::set_placement`].
+    placement: Mutex<Option<Arc<dyn Placement>>>,
     counters: Counters,
 }
 
@@ -614,6 +616,7 @@ impl RealmCache {
             failures: Mutex::new(HashMap::new()),
             stamped: AtomicBool::new(false),
             hook: Mutex::new(None),
+            placement: Mutex::new(None),
             counters: Counters::default(),
         };
         recover_after_crash(&cache.root)?;
@@ -840,6 +843,16 @@ impl RealmCache {
         lock(&self.hook).clone()
     }
 
+    /// Stream downloads into the lib dir: an install that downloads places its package's
+    /// skeleton first (every directory, every file as an empty placeholder), tells `placement`,
+    /// then fills each file in place as it is verified (the file hook gets its lib path) and
+    /// tells `placement` when the install ended. Whoever serves the lib dir must then serve a
+    /// file of a package without marker only once the hook has announced it (see
+    /// [`Placement`]). Without a placement, installs are staged and renamed in whole.
+    pub fn set_placement(&self, placement: Arc<dyn Placement>) {
+        *lock(&self.placement) = Some(placement);
+    }
+
     /// Record that this boot has unflushed installs under the root (flushed once per boot).
     fn stamp_unsynced(&self) -> Result<()> {
         if self.stamped.load(Ordering::Relaxed) {
@@ -931,6 +944,19 @@ impl RealmCache {
 
     async fn install_staged(&self, pkg: &Package, stage: &Path) -> Result<Option<u64>> {
         self.stamp_unsynced()?;
+        let placement = lock(&self.placement).clone();
+        if !self.in_store(pkg) {
+            if let Some(placement) = placement {
+                let result = self.install_in_place(pkg, stage, &placement).await;
+                if result.is_err() {
+                    // What was placed goes again (the journal names it); a failure here is
+                    // cleaned by the next install's own recovery.
+                    let _ = self.recover(&pkg.name);
+                }
+                placement.ended(pkg, result.as_ref().map(|_| ()));
+                return result;
+            }
+        }
         let mut downloaded = None;
         if !self.in_store(pkg) {
             downloaded = Some(self.fetch_unpacked(pkg, stage.join("tree")).await?);
@@ -976,11 +1002,57 @@ impl RealmCache {
         Ok(downloaded)
     }
 
+    /// Download `pkg` straight into the lib dir (see [`set_placement`](Self::set_placement)):
+    /// the skeleton is placed under the journal, filled as the archive arrives, linked into the
+    /// CAS once complete, then the marker is written. Errors are cleaned up by the caller.
+    async fn install_in_place(
+        &self,
+        pkg: &Package,
+        stage: &Path,
+        placement: &Arc<dyn Placement>,
+    ) -> Result<Option<u64>> {
+        let place = Place {
+            lib: self.lib.clone(),
+            pending: self.pending_path(&pkg.name),
+            placement: placement.clone(),
+        };
+        let n = self
+            .fetch_unpacked_into(pkg, stage.join("tree"), Some(place))
+            .await?;
+        self.counters
+            .packages_fetched
+            .fetch_add(1, Ordering::Relaxed);
+        let m = Marker {
+            package: pkg.name.clone(),
+            version: pkg.version.clone(),
+            archive_sha256: pkg.archive.sha256.clone(),
+            entries: pkg.top_level.clone(),
+        };
+        write_renamed(
+            &self.marker_path(&pkg.name),
+            &serde_json::to_vec_pretty(&m).unwrap_or_default(),
+        )?;
+        let pending = self.pending_path(&pkg.name);
+        std::fs::remove_file(&pending).ctx("remove", &pending)?;
+        Ok(Some(n))
+    }
+
     /// GET the package archive and unpack it into `tree` as its bytes arrive: the body is fed
     /// through a bounded channel to a blocking thread that decompresses, verifies every file
     /// against the index and links it into the CAS ([`unpack_tree`]). The archive's size is
     /// checked; its content is judged by the files' hashes. Returns the bytes downloaded.
     async fn fetch_unpacked(&self, pkg: &Package, tree: PathBuf) -> Result<u64> {
+        self.fetch_unpacked_into(pkg, tree, None).await
+    }
+
+    /// [`fetch_unpacked`](Self::fetch_unpacked), or with `place` the skeleton is built in
+    /// `tree`, placed into the lib dir, and the files are filled there.
+    async fn fetch_unpacked_into(
+        &self,
+        pkg: &Package,
+        tree: PathBuf,
+        place: Option<Place>,
+    ) -> Result<u64> {
         let a = &pkg.archive;
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
         let obj = self.store.get(&a.key).await?;
@@ -1001,7 +1073,15 @@ impl RealmCache {
                 rx,
                 chunk: bytes::Bytes::new(),
             };
-            unpack_tree(&pkg2, reader, &root, &tree, hook.as_deref())
+            match place {
+                None => unpack_tree(&pkg2, reader, &root, &tree, hook.as_deref()),
+                Some(place) => {
+                    // The download fills the channel meanwhile.
+                    place_skeleton(&pkg2, &tree, &place.lib, &place.pending)?;
+                    place.placement.placed(&pkg2);
+                    unpack_files(&pkg2, reader, &root, &place.lib, true, hook.as_deref())
+                }
+            }
         });
         let mut n = 0u64;
         let mut body = obj.body;
@@ -1046,8 +1126,56 @@ impl RealmCache {
 /// Called on one of the unpacker's threads (several at once) with each file's sha256 and
 /// staged path as soon as the file is verified against the index (before the rest of its
 /// package): a reader waiting for that file can have it now. The staged file is removed after
-/// the install; copy, do not keep.
+/// the install; copy, do not keep. With a [`Placement`] the path is the file's place in the
+/// lib dir, where it stays.
 pub type FileHook = dyn Fn(&str, &Path) + Send + Sync;
+
+/// Told about installs that stream into the lib dir ([`RealmCache::set_placement`]). Between
+/// `placed` and `ended`, the package's directories and file names are all in the lib dir (a
+/// listing is complete), but a file holds its verified bytes only once the file hook has
+/// announced its lib path: until then it is an empty placeholder that must not be served.
+/// Called on the installer's threads; must not block.
+pub trait Placement: Send + Sync {
+    /// `pkg`'s skeleton is in the lib dir.
+    fn placed(&self, pkg: &Package);
+    /// The install of `pkg` ended: with `Ok` every file is verified and the package is
+    /// installed (marker written); with `Err` what was placed has been removed again.
+    fn ended(&self, pkg: &Package, result: std::result::Result<(), &FetchError>);
+}
+
+/// Where an install that streams into the lib dir places its skeleton.
+struct Place {
+    lib: PathBuf,
+    pending: PathBuf,
+    placement: Arc<dyn Placement>,
+}
+
+/// Build `pkg`'s skeleton in `tree` (every directory; every file empty, owner-writable until
+/// filled), journal its top-level entries in `pending`, and rename them into `lib`.
+fn place_skeleton(pkg: &Package, tree: &Path, lib: &Path, pending: &Path) -> Result<()> {
+    make_dirs(pkg, tree)?;
+    for_each_in_parallel(&pkg.files, |f| {
+        let dst = tree.join(&f.path);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&dst)
+            .map(drop)
+            .ctx("create", &dst)
+    })?;
+    write_renamed(
+        pending,
+        &serde_json::to_vec(&pkg.top_level).unwrap_or_default(),
+    )?;
+    for entry in &pkg.top_level {
+        let dst = lib.join(entry);
+        // Only a stale leftover can be here (no marker, lock held): replace it.
+        remove_any(&dst)?;
+        std::fs::rename(tree.join(entry), &dst).ctx("rename into", &dst)?;
+    }
+    Ok(())
+}
 
 /// The archive body as a blocking `Read`, for the unpacker's thread.
 struct ChannelReader {
@@ -1184,6 +1312,20 @@ fn unpack_tree(
     tree: &Path,
     on_verified: Option<&FileHook>,
 ) -> Result<()> {
+    std::fs::create_dir(tree).ctx("create dir", tree)?;
+    unpack_files(pkg, archive, root, tree, false, on_verified)
+}
+
+/// [`unpack_tree`] into an existing `tree`; `in_place`: the tree is a placed skeleton
+/// ([`place_skeleton`]) whose empty files are filled (and made read-only) instead of created.
+fn unpack_files(
+    pkg: &Package,
+    archive: impl Read,
+    root: &Path,
+    tree: &Path,
+    in_place: bool,
+    on_verified: Option<&FileHook>,
+) -> Result<()> {
     // Tar framing: a header and up to one block of padding per file, pax records, two end
     // blocks; generous, and still a bound.
     let framing = (pkg.files.len() as u64).saturating_mul(4096) + (1 << 20);
@@ -1195,7 +1337,6 @@ fn unpack_tree(
         inner: decoded,
         left: pkg.unpacked_size().saturating_add(framing),
     };
-    std::fs::create_dir(tree).ctx("create dir", tree)?;
     let workers = install_threads();
     let queue = Queue::new(workers * 4, IN_FLIGHT);
     let parsed = std::thread::scope(|s| {
@@ -1203,13 +1344,13 @@ fn unpack_tree(
             s.spawn(|| {
                 let _stop = StopOnPanic(&queue);
                 while let Some(job) = queue.pop() {
-                    let result = write_job(pkg, &job, on_verified);
+                    let result = write_job(pkg, &job, in_place, on_verified);
                     queue.done(job.size, result);
                 }
             });
         }
         let _stop = StopOnPanic(&queue);
-        let parsed = parse_entries(pkg, reader, tree, &queue, on_verified);
+        let parsed = parse_entries(pkg, reader, tree, in_place, &queue, on_verified);
         if let Err(e) = &parsed {
             queue.fail(e.clone());
         }
@@ -1235,6 +1376,17 @@ fn unpack_tree(
             Ok(()) => Ok(()),
             // Stored before (by another package, or a copy in this one, maybe on another
             // thread just now): share that inode.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && in_place => {
+                // The file may be served already: replace it in one step, never remove it.
+                let tmp = dst.with_file_name(format!(
+                    ".{}.cas",
+                    dst.file_name()
+                        .map_or_else(Default::default, |n| n.to_string_lossy())
+                ));
+                let _ = std::fs::remove_file(&tmp);
+                std::fs::hard_link(&stored, &tmp).ctx("link from cas", &stored)?;
+                std::fs::rename(&tmp, &dst).ctx("rename into", &dst)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 std::fs::remove_file(&dst).ctx("remove", &dst)?;
                 std::fs::hard_link(&stored, &dst).ctx("link from cas", &stored)
@@ -1284,14 +1436,32 @@ fn check_file(
     Ok(())
 }
 
-/// Create a file of the staged tree: read-only, and never over an existing one.
-fn create_staged(dst: &Path) -> Result<std::fs::File> {
+/// Create a file of the staged tree: read-only, and never over an existing one. `in_place`:
+/// open the placed placeholder instead (never a new name, never through a link).
+fn create_staged(dst: &Path, in_place: bool) -> Result<std::fs::File> {
+    if in_place {
+        return std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(dst)
+            .ctx("open", dst);
+    }
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o444)
         .open(dst)
         .ctx("create", dst)
+}
+
+/// A filled placeholder becomes read-only like every stored file (a staged file is created so).
+fn seal(out: &std::fs::File, dst: &Path, in_place: bool) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if in_place {
+        out.set_permissions(std::fs::Permissions::from_mode(0o444))
+            .ctx("chmod", dst)?;
+    }
+    Ok(())
 }
 
 /// Read the archive's entries in order and check each against the index (listed, a regular
@@ -1301,6 +1471,7 @@ fn parse_entries<'a>(
     pkg: &'a Package,
     reader: impl Read,
     tree: &Path,
+    in_place: bool,
     queue: &Queue<'a>,
     on_verified: Option<&FileHook>,
 ) -> Result<HashSet<&'a str>> {
@@ -1341,7 +1512,7 @@ fn parse_entries<'a>(
         }
         let dst = tree.join(key);
         if let Some(dir) = dst.parent() {
-            if !dirs.contains(dir) {
+            if !in_place && !dirs.contains(dir) {
                 std::fs::create_dir_all(dir).ctx("create dir", dir)?;
                 dirs.insert(dir.to_owned());
             }
@@ -1360,7 +1531,7 @@ fn parse_entries<'a>(
                 &mut entry,
                 key,
                 (sha, size),
-                &dst,
+                (&dst, in_place),
                 on_verified,
                 too_long,
             )?;
@@ -1399,11 +1570,11 @@ fn stream_file(
     entry: &mut impl Read,
     path: &str,
     (sha, size): (&str, u64),
-    dst: &Path,
+    (dst, in_place): (&Path, bool),
     on_verified: Option<&FileHook>,
     too_long: impl Fn() -> FetchError,
 ) -> Result<()> {
-    let mut out = create_staged(dst)?;
+    let mut out = create_staged(dst, in_place)?;
     let mut hasher = Sha256::new();
     // Pieces the size of write_job's, for the same reason.
     let mut buf = vec![0u8; 64 << 10];
@@ -1421,6 +1592,7 @@ fn stream_file(
         out.write_all(&buf[..k]).ctx("write", dst)?;
     }
     check_file(pkg, path, (sha, size), &hex::encode(hasher.finalize()), n)?;
+    seal(&out, dst, in_place)?;
     drop(out);
     if let Some(hook) = on_verified {
         hook(sha, dst);
@@ -1441,8 +1613,13 @@ struct Job<'a> {
 /// Write a file's bytes into the staged tree, hashing them on the way, check them against the
 /// index and hand the file to the hook. In pieces: each is hashed and copied while it is in
 /// this core's cache (one whole-file `write` reads the buffer from memory twice).
-fn write_job(pkg: &Package, job: &Job, on_verified: Option<&FileHook>) -> Result<()> {
-    let mut out = create_staged(&job.dst)?;
+fn write_job(
+    pkg: &Package,
+    job: &Job,
+    in_place: bool,
+    on_verified: Option<&FileHook>,
+) -> Result<()> {
+    let mut out = create_staged(&job.dst, in_place)?;
     let mut hasher = Sha256::new();
     for piece in job.data.chunks(64 << 10) {
         hasher.update(piece);
@@ -1456,6 +1633,7 @@ fn write_job(pkg: &Package, job: &Job, on_verified: Option<&FileHook>) -> Result
         &got,
         job.data.len() as u64,
     )?;
+    seal(&out, &job.dst, in_place)?;
     drop(out);
     if let Some(hook) = on_verified {
         hook(job.sha, &job.dst);
@@ -1654,6 +1832,16 @@ fn sweep_dead_trees(trees: &Path) {
 
 /// Build the package's tree under `tree` from hard links into the CAS.
 fn link_tree(pkg: &Package, root: &Path, tree: &Path) -> Result<()> {
+    make_dirs(pkg, tree)?;
+    let cas = root.join("cas");
+    for_each_in_parallel(&pkg.files, |f| {
+        let src = cas.join(&f.sha256);
+        std::fs::hard_link(&src, tree.join(&f.path)).ctx("link from cas", &src)
+    })
+}
+
+/// Create `tree` and every directory of `pkg` in it.
+fn make_dirs(pkg: &Package, tree: &Path) -> Result<()> {
     std::fs::create_dir(tree).ctx("create dir", tree)?;
     let mut dirs: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
     for f in &pkg.files {
@@ -1669,11 +1857,7 @@ fn link_tree(pkg: &Package, root: &Path, tree: &Path) -> Result<()> {
     for d in &dirs {
         std::fs::create_dir(d).ctx("create dir", d)?;
     }
-    let cas = root.join("cas");
-    for_each_in_parallel(&pkg.files, |f| {
-        let src = cas.join(&f.sha256);
-        std::fs::hard_link(&src, tree.join(&f.path)).ctx("link from cas", &src)
-    })
+    Ok(())
 }
 
 /// How many threads an install uses: every core, up to 4.
@@ -2130,6 +2314,144 @@ mod tests {
             let got = hex::encode(Sha256::digest(data));
             assert_eq!(&got, sha, "the hook gets verified bytes");
         }
+    }
+
+    /// Records what an install that streams into the lib dir shows, at each step.
+    #[derive(Default)]
+    struct Watch {
+        lib: PathBuf,
+        /// At `placed`: every file under the lib dir with its size and mode.
+        placed: Mutex<Vec<(String, u64, u32)>>,
+        /// At each announcement: the lib path, its bytes' sha256, its mode.
+        verified: Mutex<Vec<(String, String, u32)>>,
+        ended: Mutex<Vec<std::result::Result<(), String>>>,
+    }
+
+    impl Placement for Watch {
+        fn placed(&self, _pkg: &Package) {
+            let mut files = Vec::new();
+            let mut dirs = vec![self.lib.clone()];
+            while let Some(d) = dirs.pop() {
+                for e in std::fs::read_dir(&d).unwrap().flatten() {
+                    let m = e.metadata().unwrap();
+                    if m.is_dir() {
+                        dirs.push(e.path());
+                    } else {
+                        let rel = e.path().strip_prefix(&self.lib).unwrap().to_owned();
+                        files.push((rel.display().to_string(), m.len(), m.mode() & 0o777));
+                    }
+                }
+            }
+            files.sort();
+            *lock(&self.placed) = files;
+        }
+
+        fn ended(&self, _pkg: &Package, result: std::result::Result<(), &FetchError>) {
+            lock(&self.ended).push(result.map_err(|e| e.to_string()));
+        }
+    }
+
+    fn watched(cache: &RealmCache) -> Arc<Watch> {
+        let w = Arc::new(Watch {
+            lib: cache.lib_dir(),
+            ..Watch::default()
+        });
+        cache.set_placement(w.clone());
+        let w2 = w.clone();
+        cache.set_file_hook(Arc::new(move |_sha: &str, path: &Path| {
+            let data = std::fs::read(path).unwrap();
+            let mode = std::fs::metadata(path).unwrap().mode() & 0o777;
+            let rel = path.strip_prefix(&w2.lib).unwrap().display().to_string();
+            lock(&w2.verified).push((rel, hex::encode(Sha256::digest(data)), mode));
+        }));
+        w
+    }
+
+    #[tokio::test]
+    async fn a_placed_install_shows_every_name_first_and_each_file_once_verified() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let cache =
+            RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
+        let w = watched(&cache);
+        let out = cache.ensure("demo").await.unwrap();
+        assert!(out.fetched && out.installed);
+        let index = cache.index().await.unwrap();
+        let pkg = index.package("demo").unwrap();
+        // Placed: every name of the package, each an empty placeholder, before any content.
+        let mut listed: Vec<(String, u64, u32)> = pkg
+            .files
+            .iter()
+            .map(|f| (f.path.clone(), 0, 0o644))
+            .collect();
+        listed.sort();
+        assert_eq!(*lock(&w.placed), listed);
+        // Announced: each file once, in its place in the lib dir, with its verified bytes.
+        let mut verified = lock(&w.verified).clone();
+        verified.sort();
+        let mut expected: Vec<(String, String, u32)> = pkg
+            .files
+            .iter()
+            .map(|f| (f.path.clone(), f.sha256.clone(), 0o444))
+            .collect();
+        expected.sort();
+        assert_eq!(verified, expected);
+        assert_eq!(*lock(&w.ended), [Ok(())]);
+        assert!(cache.is_installed("demo"));
+        // In the CAS, sharing inodes: the two identical files are one stored copy.
+        let a = std::fs::metadata(cache.lib_dir().join("demo/data.bin")).unwrap();
+        let b = std::fs::metadata(cache.lib_dir().join("demo/sub/copy.bin")).unwrap();
+        assert_eq!(a.ino(), b.ino());
+        assert_eq!(
+            std::fs::read_dir(tmp.path().join("c/cas")).unwrap().count(),
+            3
+        );
+        // Nothing left beside the files: no journal, no temporary link, no staging.
+        let realm = tmp.path().join("c/realms/r");
+        assert!(!realm.join("state/demo.pending").exists());
+        assert_eq!(std::fs::read_dir(realm.join("staging")).unwrap().count(), 0);
+        let names: Vec<String> = std::fs::read_dir(cache.lib_dir().join("demo/sub"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
+    }
+
+    #[tokio::test]
+    async fn a_placed_install_that_fails_takes_its_names_away_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let cfg = FetchConfig::default();
+        let idx = crate::publish::read_index(store.as_ref(), &cfg)
+            .await
+            .unwrap();
+        let key = idx.package("demo").unwrap().archive.key.clone();
+        let mut data = get_bytes(store.as_ref(), &key, &cfg)
+            .await
+            .unwrap()
+            .to_vec();
+        let mid = data.len() / 2;
+        data[mid] ^= 0xff;
+        store.put(&key, data.into()).await.unwrap();
+        let cache = RealmCache::open(tmp.path().join("c"), "r", store, cfg).unwrap();
+        let w = watched(&cache);
+        let err = cache.ensure("demo").await.unwrap_err();
+        assert!(matches!(err, FetchError::IntegrityMismatch { .. }), "{err}");
+        assert_eq!(lock(&w.placed).len(), 4, "the skeleton was placed first");
+        assert!(
+            lock(&w.verified).len() < 4,
+            "a corrupt file is never announced"
+        );
+        assert_eq!(lock(&w.ended).len(), 1);
+        assert!(lock(&w.ended)[0].is_err());
+        // Nothing of the package stays: no name in the lib dir, nothing in the CAS, no journal.
+        assert_eq!(std::fs::read_dir(cache.lib_dir()).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_dir(tmp.path().join("c/cas")).unwrap().count(),
+            0
+        );
+        assert!(!tmp.path().join("c/realms/r/state/demo.pending").exists());
+        assert!(!cache.is_installed("demo"));
     }
 
     #[tokio::test]
