@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use crate::publish::{publish_with, PublishOptions, PublishReport, PublishSource};
+use crate::publish::{publish_with, PublishOptions, PublishReport, PublishSource, TraceRunner};
 use crate::store::{open_store, StoreOptions};
 use crate::{FetchConfig, FetchError, Result};
 
@@ -28,6 +28,10 @@ pub struct PublishArgs {
     /// Ship sources only (the procs' interpreter then compiles each cold import in memory).
     #[arg(long)]
     pub no_compile: bool,
+    /// Archive files in path order: no import trace (by default `sigma-supervise publish`
+    /// imports each package in its jail and puts the files the import reads first).
+    #[arg(long)]
+    pub no_trace: bool,
     /// Wheels (files or directories of them) and package directories.
     pub paths: Vec<PathBuf>,
 }
@@ -64,17 +68,31 @@ impl PublishArgs {
                     .unwrap_or_else(|| PathBuf::from("python3"))
             }),
             compile_required: self.python.is_some(),
+            trace: None,
         }
     }
 }
 
 /// Run `publish` as the command line asks (one report per source, in order).
 pub async fn run_publish(args: &PublishArgs, cfg: &FetchConfig) -> Result<Vec<PublishReport>> {
+    run_publish_traced(args, cfg, None).await
+}
+
+/// [`run_publish`], with the import trace run by `trace` (unless `--no-trace`).
+pub async fn run_publish_traced(
+    args: &PublishArgs,
+    cfg: &FetchConfig,
+    trace: Option<TraceRunner>,
+) -> Result<Vec<PublishReport>> {
     let sources = args.sources()?;
     let store = open_store(&args.bucket, &StoreOptions::default(), cfg).await?;
+    let opts = PublishOptions {
+        trace: trace.filter(|_| !args.no_trace),
+        ..args.options()
+    };
     let mut reports = Vec::new();
     for s in &sources {
-        reports.push(publish_with(store.as_ref(), s, cfg, &args.options()).await?);
+        reports.push(publish_with(store.as_ref(), s, cfg, &opts).await?);
     }
     Ok(reports)
 }

@@ -22,10 +22,12 @@ mod wheel;
 
 pub use cache::{
     default_cache_root, realm_complete, realm_trees, realm_trees_of, CacheStats, EnsureOutcome,
-    RealmCache, TreeEntry, TreeView,
+    Placement, RealmCache, TreeEntry, TreeView,
 };
 pub use config::FetchConfig;
 pub use error::{FetchError, Result};
 pub use index::Index;
-pub use publish::{publish, publish_with, PublishOptions, PublishReport, PublishSource};
+pub use publish::{
+    publish, publish_with, PublishOptions, PublishReport, PublishSource, TraceRunner,
+};
 pub use store::{open_store, Store, StoreOptions};

@@ -3,8 +3,11 @@
 //! Order matters: every archive is uploaded (and already-present ones checked) before the merged
 //! index is written, so a reader never sees an index entry whose object is missing.
 
+use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -64,9 +67,34 @@ impl PublishSource {
     }
 }
 
+/// Runs the import trace (see [`PublishOptions::trace`]): given the interpreter, a directory
+/// that must be visible to it (read-only is enough) and the interpreter's arguments, the
+/// command to run. The supervisor's `publish` runs it in its jail, as a proc: importing a
+/// package runs its code.
+#[derive(Clone)]
+pub struct TraceRunner(pub Arc<TraceCommand>);
+
+/// See [`TraceRunner`].
+pub type TraceCommand = dyn Fn(&Path, &Path, &[OsString]) -> std::process::Command + Send + Sync;
+
+impl fmt::Debug for TraceRunner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TraceRunner")
+    }
+}
+
+/// zstd frames of an archive hold about this many bytes of tar each: independent pieces a
+/// reader could decode in parallel, the traced files in frames of their own.
+pub const FRAME_BYTES: usize = 4 << 20;
+
 /// How [`publish_with`] builds archives.
 #[derive(Debug, Clone, Default)]
 pub struct PublishOptions {
+    /// With `compile_with`: import each distribution's modules with that interpreter (through
+    /// this runner) and record the files the import opens or maps, in order. Those files come
+    /// first in the package's archive, so a cold import's files arrive first and a reader that
+    /// is served file by file waits for little more than what it reads. `None`: path order.
+    pub trace: Option<TraceRunner>,
     /// Interpreter that byte-compiles every module at publish time: unchecked-hash `.pyc` files
     /// for its cache tag go into the archive and the index, so a cold import in a realm reads
     /// bytecode instead of compiling (the target cannot write `__pycache__` in its lib dir).
@@ -288,6 +316,117 @@ fn add_bytecode(dist: &mut Distribution, python: &Path) -> Result<Option<String>
     Ok(Some(tag))
 }
 
+/// The import trace's script: argv[1] is the directory of every distribution being
+/// published, argv[2:] the modules to import. Prints, in first-touch order, every file under
+/// the directory that the imports opened (audit `open` events: sources, bytecode, data) or
+/// that the loader mapped (extension modules and the libraries they need: `/proc/self/maps`
+/// is read at each open, so a mapped file comes just before the first file opened after it
+/// was loaded). A module that fails to import ends its part of the trace.
+const TRACE_SCRIPT: &str = r#"import os, sys
+root = os.path.realpath(sys.argv[1])
+base = root + os.sep
+seen = {}
+busy = [False]
+def touch(p):
+    if p.startswith(base) and p not in seen:
+        seen[p] = len(seen)
+def scan_maps():
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6:
+                touch(os.path.normpath(parts[5].strip()))
+def hook(event, args):
+    if event != "open" or busy[0] or not args or not isinstance(args[0], str):
+        return
+    busy[0] = True
+    try:
+        scan_maps()
+        touch(os.path.normpath(os.path.join(root, args[0])))
+    except Exception:
+        pass
+    finally:
+        busy[0] = False
+sys.addaudithook(hook)
+sys.path.insert(0, root)
+for name in sys.argv[2:]:
+    try:
+        __import__(name)
+    except BaseException:
+        pass
+busy[0] = True
+scan_maps()
+for p in sorted(seen, key=seen.get):
+    print(p[len(base):])
+"#;
+
+/// Import each distribution's top-level modules with `python` (through `runner`) in a
+/// directory holding every distribution of this publish, and return, per distribution, its own
+/// files in the order the import touched them. Best effort: a distribution whose import fails
+/// or prints nothing is archived in path order; only a runner that cannot start is an error.
+fn trace_imports(
+    dists: &[(Distribution, Option<String>)],
+    python: &Path,
+    runner: &TraceRunner,
+) -> Result<HashMap<String, Vec<String>>> {
+    let tmp = tempfile::tempdir().map_err(|e| FetchError::io("create temp dir", "/tmp", e))?;
+    let site = tmp.path().join("site");
+    for (d, _) in dists {
+        for (p, data) in &d.files {
+            let dst = site.join(p);
+            if let Some(dir) = dst.parent() {
+                std::fs::create_dir_all(dir).ctx("create dir", dir)?;
+            }
+            std::fs::write(&dst, data).ctx("write", &dst)?;
+        }
+    }
+    let mut traces = HashMap::new();
+    for (d, _) in dists {
+        let modules: Vec<OsString> = d
+            .top_level()
+            .iter()
+            .filter_map(|e| {
+                let is_dir = d.files.keys().any(|p| p.starts_with(&format!("{e}/")));
+                crate::index::import_name_of(e, is_dir).map(OsString::from)
+            })
+            .collect();
+        if modules.is_empty() {
+            continue;
+        }
+        let mut args: Vec<OsString> = ["-I", "-c", TRACE_SCRIPT].map(OsString::from).to_vec();
+        args.push(site.clone().into_os_string());
+        args.extend(modules);
+        let out = (runner.0)(python, tmp.path(), &args)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .map_err(|e| FetchError::Command {
+                command: format!("{} (import trace of {})", python.display(), d.name),
+                cause: e.to_string(),
+            })?;
+        // The loader stats a module's source before it reads the bytecode: the source first.
+        let own: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .flat_map(|p| [source_of_pyc(p), Some(p.to_owned())])
+            .flatten()
+            .filter(|p| d.files.contains_key(p))
+            .collect();
+        tracing::debug!(package = %d.name, files = own.len(), "import trace");
+        if !own.is_empty() {
+            traces.insert(d.name.clone(), own);
+        }
+    }
+    Ok(traces)
+}
+
+/// `dir/m.py` for `dir/__pycache__/m.TAG.pyc`.
+fn source_of_pyc(path: &str) -> Option<String> {
+    let (dir, file) = path.rsplit_once('/').unwrap_or(("", path));
+    let dir = dir.strip_suffix("__pycache__")?;
+    let stem = file.strip_suffix(".pyc")?.split('.').next()?;
+    Some(format!("{dir}{stem}.py"))
+}
+
 /// Build the deterministic archive of a distribution: tar (sorted paths, mode 0644, mtime 0)
 /// compressed with zstd. Returns the index entry and the archive bytes.
 pub(crate) fn build_package(
@@ -295,9 +434,39 @@ pub(crate) fn build_package(
     encoding: Encoding,
     bytecode: Option<String>,
 ) -> Result<(Package, Bytes)> {
+    build_package_ordered(dist, encoding, bytecode, &[])
+}
+
+/// [`build_package`] with the files named in `first` (an import trace) first, in that order,
+/// then the rest in path order. Compressed as independent zstd frames of about
+/// [`FRAME_BYTES`], the traced files ending a frame of their own: every frame holds whole tar
+/// entries (the last one the end of the archive), and the frames together are one zstd stream.
+pub(crate) fn build_package_ordered(
+    dist: &Distribution,
+    encoding: Encoding,
+    bytecode: Option<String>,
+    first: &[String],
+) -> Result<(Package, Bytes)> {
     let mut tar = tar::Builder::new(Vec::new());
     let mut files = Vec::with_capacity(dist.files.len());
-    for (path, data) in &dist.files {
+    let mut taken = std::collections::HashSet::new();
+    let order = first
+        .iter()
+        .filter(|p| dist.files.contains_key(*p) && taken.insert(p.as_str()))
+        .map(String::as_str)
+        .collect::<Vec<_>>();
+    let traced = order.len();
+    let order = order.into_iter().chain(
+        dist.files
+            .keys()
+            .map(String::as_str)
+            .filter(|p| !taken.contains(p)),
+    );
+    // Where each frame ends in the tar stream (entry boundaries).
+    let mut cuts = Vec::new();
+    let mut frame_start = 0usize;
+    for (i, path) in order.enumerate() {
+        let data = &dist.files[path];
         let mut h = tar::Header::new_ustar();
         h.set_size(data.len() as u64);
         h.set_mode(0o644);
@@ -306,20 +475,23 @@ pub(crate) fn build_package(
         tar.append_data(&mut h, path, data.as_slice())
             .map_err(|e| FetchError::invalid(format!("archive {}: {path}", dist.name), e))?;
         files.push(FileEntry {
-            path: path.clone(),
+            path: path.to_owned(),
             sha256: hex::encode(Sha256::digest(data)),
             size: data.len() as u64,
         });
+        let at = tar.get_ref().len();
+        if at - frame_start >= FRAME_BYTES || i + 1 == traced {
+            cuts.push(at);
+            frame_start = at;
+        }
     }
+    // The index lists files in path order, whatever the archive's order.
+    files.sort_by(|a, b| a.path.cmp(&b.path));
     let raw = tar
         .into_inner()
         .map_err(|e| FetchError::invalid(format!("archive {}", dist.name), e))?;
     let (bytes, ext) = match encoding {
-        Encoding::TarZstd => (
-            zstd::bulk::compress(&raw, ZSTD_LEVEL)
-                .map_err(|e| FetchError::invalid(format!("compress {}", dist.name), e))?,
-            "tar.zst",
-        ),
+        Encoding::TarZstd => (compress_frames(&raw, &cuts, &dist.name)?, "tar.zst"),
         Encoding::Tar => (raw, "tar"),
     };
     let sha = hex::encode(Sha256::digest(&bytes));
@@ -343,6 +515,22 @@ pub(crate) fn build_package(
         bytecode,
     };
     Ok((pkg, Bytes::from(bytes)))
+}
+
+/// `raw` compressed as one zstd frame per piece between `cuts` (and after the last cut).
+fn compress_frames(raw: &[u8], cuts: &[usize], name: &str) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for &end in cuts.iter().chain(std::iter::once(&raw.len())) {
+        if end <= start {
+            continue;
+        }
+        let frame = zstd::bulk::compress(&raw[start..end], ZSTD_LEVEL)
+            .map_err(|e| FetchError::invalid(format!("compress {name}"), e))?;
+        out.extend_from_slice(&frame);
+        start = end;
+    }
+    Ok(out)
 }
 
 /// Verify a wheel against its RECORD and build its package archive (index entry + bytes),
@@ -383,7 +571,7 @@ pub async fn publish_with(
     let (src, opts2) = (source.clone(), opts.clone());
     let (built, bytecode_skipped) = tokio::task::spawn_blocking(move || {
         let mut skipped = None;
-        let mut built = Vec::new();
+        let mut dists = Vec::new();
         for mut d in distributions(&src)? {
             let mut tag = None;
             if let (Some(py), None) = (&opts2.compile_with, &skipped) {
@@ -393,7 +581,16 @@ pub async fn publish_with(
                     Err(e) => return Err(e),
                 }
             }
-            built.push(build_package(&d, Encoding::TarZstd, tag)?);
+            dists.push((d, tag));
+        }
+        let traces = match (&opts2.compile_with, &opts2.trace, &skipped) {
+            (Some(py), Some(runner), None) => trace_imports(&dists, py, runner)?,
+            _ => HashMap::new(),
+        };
+        let mut built = Vec::new();
+        for (d, tag) in dists {
+            let first = traces.get(&d.name).map_or(&[][..], Vec::as_slice);
+            built.push(build_package_ordered(&d, Encoding::TarZstd, tag, first)?);
         }
         Ok::<_, FetchError>((built, skipped))
     })

@@ -237,6 +237,7 @@ async fn cli_publishes_requirements_wheels_and_dirs_to_a_file_bucket() {
         requirements: vec![req],
         python: None,
         no_compile: false,
+        no_trace: false,
         paths: vec![pkg.clone()],
     };
     let reports = run_publish(&args, &FetchConfig::default()).await.unwrap();
@@ -278,6 +279,7 @@ async fn cli_publishes_requirements_wheels_and_dirs_to_a_file_bucket() {
         requirements: vec![],
         python: None,
         no_compile: true,
+        no_trace: false,
         paths: vec![pkg],
     };
     let r = run_publish(&args, &FetchConfig::default()).await.unwrap();
@@ -295,6 +297,7 @@ async fn cli_publishes_requirements_wheels_and_dirs_to_a_file_bucket() {
         requirements: vec![],
         python: None,
         no_compile: false,
+        no_trace: false,
         paths: vec![],
     };
     let e = run_publish(&none, &FetchConfig::default())
