@@ -88,7 +88,10 @@ impl Store for LocalStore {
             }
             Err(e) => return Err(FetchError::io("open", path, e)),
         };
-        let size = file.metadata().await.ctx("stat", &path)?.len();
+        // Only a regular file knows its size (a FIFO streams what its writer sends); the
+        // reader checks the bytes it got against the index either way.
+        let meta = file.metadata().await.ctx("stat", &path)?;
+        let size = meta.is_file().then_some(meta.len());
         let body = futures::stream::unfold(Some((file, path)), |state| async move {
             let (mut file, path) = state?;
             let mut buf = BytesMut::zeroed(CHUNK);
@@ -102,10 +105,7 @@ impl Store for LocalStore {
             }
         });
         let body = Box::pin(body);
-        Ok(GetObject {
-            size: Some(size),
-            body,
-        })
+        Ok(GetObject { size, body })
     }
 
     async fn put(&self, key: &str, data: Bytes) -> Result<()> {
