@@ -7,9 +7,14 @@
 //!   the prefix shows everything the realm could import and fetches nothing.
 //! * a top-level entry the index does not know: ENOENT at once.
 //! * an entry whose package is installed in the realm: served from the realm lib dir inline.
-//! * otherwise [`Lookup::Fetch`]: a [`crate::serve::Deferred`] worker runs
+//! * an entry whose package this run is downloading: its skeleton (every directory and file
+//!   name) is in the lib dir as soon as the download starts ([`fetcher::Placement`]); a
+//!   directory, or a file the unpacker has verified, is served from the lib dir inline, so an
+//!   import runs while the rest of its package is still arriving.
+//! * otherwise [`Lookup::Fetch`]: a [`crate::serve::Deferred`] worker starts
 //!   `RealmCache::ensure_path` on this module's tokio runtime (single flight across tasks and
-//!   processes is the fetcher's), then the same serve function answers the call.
+//!   processes is the fetcher's) and waits until the file it needs is verified or the package
+//!   installed, then the same serve function answers the call.
 //!
 //! Failures (store down, credentials, missing bucket or object, integrity) fail the call with
 //! ENOENT (not there) or EIO (everything else) within the fetcher's bounded time, print one line
@@ -27,7 +32,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a failed fetch of a package is answered from memory before it is tried again.
@@ -35,6 +40,11 @@ pub const FAIL_TTL: Duration = Duration::from_secs(10);
 
 /// Packages prefetched at once (each install streams, decompresses and hashes on its own thread).
 const PREFETCH_PARALLEL: usize = 4;
+
+/// How long a run whose target has exited waits for the installs it has placed in the lib dir
+/// (a target that needed a package's first files may exit before the rest has arrived); past
+/// this, the install is cut and the next run's recovery starts it over.
+const FINISH_BOUND: Duration = Duration::from_secs(120);
 
 /// Archive bytes a run downloads, unasked, to complete its realm (see `complete_realm`): small
 /// enough that a supervisor whose target exits at once waits a fraction of a second for it.
@@ -349,7 +359,7 @@ impl RealmPlan {
     ) -> anyhow::Result<LazyServed> {
         // Completed like a realm served by notification: once every package is installed, the
         // next start mounts the lib dir and the image is no longer needed.
-        let (rt, cache, reported, _) = self.open_cache(false, true)?;
+        let (rt, cache, reported, _) = self.open_cache(false, true, None)?;
         let (realm, bucket) = (self.opts.realm.clone(), self.bucket.clone());
         let report: Arc<dyn Fn(&FetchError) + Send + Sync> =
             Arc::new(move |e| report_once(&reported, &realm, &bucket, e));
@@ -406,6 +416,7 @@ impl RealmPlan {
         &self,
         load_index: bool,
         complete: bool,
+        streams: Option<&Arc<Streams>>,
     ) -> anyhow::Result<(
         tokio::runtime::Runtime,
         Arc<RealmCache>,
@@ -427,6 +438,10 @@ impl RealmPlan {
         let cache = RealmCache::open(&self.root, &self.opts.realm, store, cfg)
             .with_context(|| format!("realm {}", self.opts.realm))?;
         let cache = Arc::new(cache);
+        if let Some(streams) = streams {
+            // Before any install starts (the prefetch below), so every download streams.
+            streams.attach(&cache);
+        }
         let reported = Arc::new(Mutex::new(HashSet::new()));
         // The lazy backend needs no index up front (its image map names every file): the
         // fetcher loads it on the first fill, off the target's start-up.
@@ -461,7 +476,13 @@ impl RealmPlan {
     }
 
     pub fn start(self) -> anyhow::Result<RealmResolver> {
-        let (rt, cache, reported, index) = self.open_cache(true, true)?;
+        let streams = Arc::new(Streams {
+            lib: self.lib.clone(),
+            by_pkg: Mutex::new(HashMap::new()),
+            idle: Condvar::new(),
+            files: AtomicU64::new(0),
+        });
+        let (rt, cache, reported, index) = self.open_cache(true, true, Some(&streams))?;
         let entries: Vec<TopLevelEntry> = index
             .as_deref()
             .map(Index::top_level_entries)
@@ -471,18 +492,22 @@ impl RealmPlan {
             .map_err(|e| anyhow!("superlib: {e}"))?;
         Ok(RealmResolver {
             prefix: self.opts.lib_prefix.clone(),
-            realm: self.opts.realm.clone(),
-            bucket: self.bucket,
             owners: entries.into_iter().map(|e| (e.name, e.package)).collect(),
             superlib,
             cache,
             rt,
-            installed: Mutex::new(HashSet::new()),
-            failed: Mutex::new(HashMap::new()),
-            reported,
+            streams,
+            sh: Arc::new(Outcomes {
+                realm: self.opts.realm.clone(),
+                bucket: self.bucket,
+                installed: Mutex::new(HashSet::new()),
+                failed: Mutex::new(HashMap::new()),
+                reported,
+                cache_tag: self.compile_with.as_deref().and_then(cache_tag_of),
+                compile_with: self.compile_with,
+            }),
             inline_hits: AtomicU64::new(0),
-            cache_tag: self.compile_with.as_deref().and_then(cache_tag_of),
-            compile_with: self.compile_with,
+            streamed_hits: AtomicU64::new(0),
         })
     }
 }
@@ -668,22 +693,173 @@ pub fn errno_for(e: &FetchError) -> Errno {
 /// Serves the realm's lib prefix; every other served directory is plain local.
 pub struct RealmResolver {
     prefix: PathBuf,
-    realm: String,
-    bucket: String,
     /// Top-level entry → owning package (from the realm's index).
     owners: HashMap<String, String>,
     superlib: Served,
     cache: Arc<RealmCache>,
     rt: tokio::runtime::Runtime,
+    /// Packages being downloaded into the lib dir by this run.
+    streams: Arc<Streams>,
+    sh: Arc<Outcomes>,
+    inline_hits: AtomicU64,
+    /// Calls answered inline from a package still being downloaded.
+    streamed_hits: AtomicU64,
+}
+
+/// What the resolver remembers of finished ensures (shared with the tasks that run them).
+struct Outcomes {
+    realm: String,
+    bucket: String,
     /// Packages known complete (saves the marker stat).
     installed: Mutex<HashSet<String>>,
     /// Package → when its fetch failed and with which errno.
     failed: Mutex<HashMap<String, (Instant, Errno)>>,
     reported: Arc<Mutex<HashSet<String>>>,
-    inline_hits: AtomicU64,
     compile_with: Option<PathBuf>,
     /// `cpython-311` for `python3.11`, when the interpreter's file name tells.
     cache_tag: Option<String>,
+}
+
+/// Packages whose download streams into the lib dir (see [`fetcher::Placement`]): from
+/// `placed` to the end of the install, their names are all there and a file may be served
+/// once the unpacker has announced it verified.
+struct Streams {
+    lib: PathBuf,
+    by_pkg: Mutex<HashMap<String, Arc<Stream>>>,
+    /// Notified (with `by_pkg`) when a placed install ends.
+    idle: Condvar,
+    /// Files announced verified while their package was incomplete.
+    files: AtomicU64,
+}
+
+/// One package's download, as the resolver's waiters see it.
+#[derive(Default)]
+struct Stream {
+    state: Mutex<StreamState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct StreamState {
+    /// The package's files not verified yet (index paths); `None` until its skeleton is placed.
+    pending: Option<HashSet<String>>,
+    /// The wait is over: the package is installed (`Ok`) or its ensure failed.
+    done: Option<Result<(), Errno>>,
+    /// An ensure of the package was started for this stream's waiters.
+    started: bool,
+}
+
+impl StreamState {
+    /// Whether `rel` (a normalised path under the prefix) can be served from the lib dir now:
+    /// the skeleton is placed and `rel` is not a file still to come (a directory, a verified
+    /// file, or a name the package does not have, which the kernel answers).
+    fn servable(&self, rel: &str) -> bool {
+        matches!(self.done, Some(Ok(())))
+            || (self.done.is_none() && self.pending.as_ref().is_some_and(|p| !p.contains(rel)))
+    }
+}
+
+impl Stream {
+    fn finish(&self, result: Result<(), Errno>) {
+        lock(&self.state).done.get_or_insert(result);
+        self.changed.notify_all();
+    }
+}
+
+impl Streams {
+    /// Make `cache`'s downloads stream into its lib dir, each verified file announced here.
+    fn attach(self: &Arc<Self>, cache: &RealmCache) {
+        cache.set_placement(self.clone());
+        let weak = Arc::downgrade(self);
+        cache.set_file_hook(Arc::new(move |_sha: &str, file: &Path| {
+            if let Some(streams) = weak.upgrade() {
+                streams.verified(file);
+            }
+        }));
+    }
+
+    /// Wait, at most `bound`, until no install placed in the lib dir is under way.
+    fn wait_placed(&self, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        let mut map = lock(&self.by_pkg);
+        loop {
+            let busy = map.values().any(|st| {
+                let s = lock(&st.state);
+                s.pending.is_some() && s.done.is_none()
+            });
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !busy || left.is_zero() {
+                return;
+            }
+            map = self
+                .idle
+                .wait_timeout(map, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn get(&self, pkg: &str) -> Option<Arc<Stream>> {
+        lock(&self.by_pkg).get(pkg).cloned()
+    }
+
+    fn get_or_insert(&self, pkg: &str) -> Arc<Stream> {
+        lock(&self.by_pkg)
+            .entry(pkg.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// The unpacker verified the file at `file` (a lib-dir path while a stream is placed).
+    fn verified(&self, file: &Path) {
+        let Some(rel) = file.strip_prefix(&self.lib).ok().and_then(Path::to_str) else {
+            return;
+        };
+        for st in lock(&self.by_pkg).values() {
+            let removed = lock(&st.state)
+                .pending
+                .as_mut()
+                .is_some_and(|p| p.remove(rel));
+            if removed {
+                self.files.fetch_add(1, Ordering::Relaxed);
+                st.changed.notify_all();
+                return;
+            }
+        }
+    }
+}
+
+impl fetcher::Placement for Streams {
+    fn placed(&self, pkg: &fetcher::index::Package) {
+        let st = self.get_or_insert(&pkg.name);
+        lock(&st.state).pending = Some(pkg.files.iter().map(|f| f.path.clone()).collect());
+        st.changed.notify_all();
+    }
+
+    fn ended(&self, pkg: &fetcher::index::Package, result: Result<(), &FetchError>) {
+        // Later lookups see the marker (or, after a failure, start over); waiters keep theirs.
+        let mut map = lock(&self.by_pkg);
+        if let Some(st) = map.remove(&pkg.name) {
+            st.finish(result.map_err(errno_for));
+        }
+        drop(map);
+        self.idle.notify_all();
+    }
+}
+
+/// `rest` as the index spells paths (`numpy/core/x.py`), if it is made of plain names only.
+fn index_path(rest: &Path) -> Option<String> {
+    let mut out = String::new();
+    for c in rest.components() {
+        let Component::Normal(name) = c else {
+            return None;
+        };
+        if !out.is_empty() {
+            out.push('/');
+        }
+        out.push_str(name.to_str()?);
+    }
+    Some(out)
 }
 
 /// The bytecode cache tag of a CPython, from the name its path resolves to (`python3.11` →
@@ -786,7 +962,34 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl RealmResolver {
+impl Outcomes {
+    /// Record how the ensure of `pkg` ended and turn it into the target's answer.
+    fn record(
+        &self,
+        pkg: &str,
+        result: Result<Option<fetcher::EnsureOutcome>, FetchError>,
+    ) -> Result<(), Errno> {
+        match result {
+            Ok(Some(out)) => {
+                tracing::debug!(package = %out.package, fetched = out.fetched, "ensured");
+                // Published bytecode for this interpreter needs no compile.
+                let shipped = out.bytecode.is_some() && out.bytecode == self.cache_tag;
+                if out.installed && !shipped {
+                    self.compile(&out.dir);
+                }
+                lock(&self.installed).insert(pkg.to_owned());
+                Ok(())
+            }
+            Ok(None) => Err(Errno::ENOENT),
+            Err(e) => {
+                report_once(&self.reported, &self.realm, &self.bucket, &e);
+                let errno = errno_for(&e);
+                lock(&self.failed).insert(pkg.to_owned(), (Instant::now(), errno));
+                Err(errno)
+            }
+        }
+    }
+
     /// Byte-compile a package this run installed, as pip does at install time, so later runs
     /// import from `.pyc` (the target cannot write into the read-only prefix). In the
     /// background: the target's own import does not wait; the supervisor reaps it at exit.
@@ -813,7 +1016,9 @@ impl RealmResolver {
                 }
             });
     }
+}
 
+impl RealmResolver {
     fn owner(&self, rest: &Path) -> Option<&str> {
         self.owners.get(first_component(rest)?).map(String::as_str)
     }
@@ -830,17 +1035,25 @@ impl Resolver for RealmResolver {
         let Some(pkg) = self.owner(rest) else {
             return Lookup::Fail(Errno::ENOENT);
         };
-        if lock(&self.installed).contains(pkg) {
+        if lock(&self.sh.installed).contains(pkg) {
             self.inline_hits.fetch_add(1, Ordering::Relaxed);
             return Lookup::Local;
+        }
+        // Being downloaded by this run: what is there already is served from the lib dir.
+        if let Some(st) = self.streams.get(pkg) {
+            let servable = index_path(rest).is_some_and(|rel| lock(&st.state).servable(&rel));
+            if servable {
+                self.streamed_hits.fetch_add(1, Ordering::Relaxed);
+                return Lookup::Local;
+            }
         }
         // A marker stat: another process (or an earlier run) may have installed it.
         if self.cache.is_installed(pkg) {
-            lock(&self.installed).insert(pkg.to_owned());
+            lock(&self.sh.installed).insert(pkg.to_owned());
             self.inline_hits.fetch_add(1, Ordering::Relaxed);
             return Lookup::Local;
         }
-        if let Some(&(at, errno)) = lock(&self.failed).get(pkg) {
+        if let Some(&(at, errno)) = lock(&self.sh.failed).get(pkg) {
             if at.elapsed() < FAIL_TTL {
                 return Lookup::Fail(errno);
             }
@@ -848,45 +1061,74 @@ impl Resolver for RealmResolver {
         Lookup::Fetch
     }
 
+    /// Runs on a deferred worker: make sure an ensure of the package is under way, then wait
+    /// until `rest` is servable (its file verified, or the package installed) or the ensure
+    /// failed. The ensure runs as a task of its own, so it is never cut short by a waiter that
+    /// got its file early.
     fn fetch(&self, served: &Served, rest: &Path) -> Result<(), Errno> {
         if served.prefix != self.prefix {
             return Ok(());
         }
         let pkg = self.owner(rest).ok_or(Errno::ENOENT)?.to_owned();
-        match self.rt.block_on(self.cache.ensure_path(rest)) {
-            Ok(Some(out)) => {
-                tracing::debug!(package = %out.package, fetched = out.fetched, "ensured");
-                // Published bytecode for this interpreter needs no compile.
-                let shipped = out.bytecode.is_some() && out.bytecode == self.cache_tag;
-                if out.installed && !shipped {
-                    self.compile(&out.dir);
+        let st = self.streams.get_or_insert(&pkg);
+        let start = !std::mem::replace(&mut lock(&st.state).started, true);
+        if start {
+            let (cache, sh, st2, rest2) = (
+                self.cache.clone(),
+                self.sh.clone(),
+                st.clone(),
+                rest.to_path_buf(),
+            );
+            let streams = self.streams.clone();
+            self.rt.spawn(async move {
+                let result = sh.record(&pkg, cache.ensure_path(&rest2).await);
+                // A stream nobody placed (already installed, linked from the store, or failed
+                // before a download) ends here; a placed one usually ended already.
+                {
+                    let mut map = lock(&streams.by_pkg);
+                    if map.get(&pkg).is_some_and(|s| Arc::ptr_eq(s, &st2)) {
+                        map.remove(&pkg);
+                    }
                 }
-                lock(&self.installed).insert(pkg);
-                Ok(())
-            }
-            Ok(None) => Err(Errno::ENOENT),
-            Err(e) => {
-                report_once(&self.reported, &self.realm, &self.bucket, &e);
-                let errno = errno_for(&e);
-                lock(&self.failed).insert(pkg, (Instant::now(), errno));
-                Err(errno)
-            }
+                st2.finish(result);
+            });
         }
+        let rel = index_path(rest);
+        let state = st
+            .changed
+            .wait_while(lock(&st.state), |s| {
+                s.done.is_none() && !rel.as_deref().is_some_and(|r| s.servable(r))
+            })
+            .unwrap_or_else(|e| e.into_inner());
+        match state.done {
+            Some(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// A target may exit once it has the files it needed, before the rest of a package it
+    /// started has arrived: that install is finished here, so the package is complete for the
+    /// next run instead of fetched again.
+    fn finish(&self) {
+        self.streams.wait_placed(FINISH_BOUND);
     }
 
     fn report(&self) -> Option<String> {
         let s = self.cache.stats();
         Some(format!(
             "sigma-supervise realm {} ({}): backend notification: fetched {} packages, {} bytes, \
-             {} GETs; installed {}; cache hits {}; fetch time {:.3} ms\n",
-            self.realm,
-            self.bucket,
+             {} GETs; installed {}; cache hits {}; fetch time {:.3} ms; streamed {} files, \
+             {} calls served before their package was complete\n",
+            self.sh.realm,
+            self.sh.bucket,
             s.packages_fetched,
             s.bytes_fetched,
             s.gets,
             s.packages_installed,
             s.cache_hits + self.inline_hits.load(Ordering::Relaxed),
-            s.fetch_time.as_secs_f64() * 1e3
+            s.fetch_time.as_secs_f64() * 1e3,
+            self.streams.files.load(Ordering::Relaxed),
+            self.streamed_hits.load(Ordering::Relaxed)
         ))
     }
 }

@@ -106,6 +106,8 @@ pub trait Resolver: Send + Sync {
     fn report(&self) -> Option<String> {
         None
     }
+    /// Called once the target has exited normally: finish what must not be left half-done.
+    fn finish(&self) {}
 }
 
 /// Plain host directories: everything is local.

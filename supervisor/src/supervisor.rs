@@ -349,6 +349,10 @@ pub fn supervise(
     }
     let code = wait_all(pid, grace, jailed)?;
     jail::mark("reaped");
+    if code < 128 {
+        // Not for a proc killed by a signal: the user wants the run over.
+        sh.resolver.finish();
+    }
     // No child is left; once the last task using the filter is released the listener hangs up.
     let mut fds = [nix::poll::PollFd::new(
         sh.listener.as_fd(),

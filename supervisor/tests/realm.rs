@@ -465,16 +465,24 @@ fn corrupted_object_is_refused_and_nothing_installed() {
         cache: &cache,
         env: vec![],
     };
+    // A package is served file by file as it arrives: the corrupt file is never read as
+    // anything but an I/O error, and once the install has failed, nothing of it is served.
     let o = r.py(r#"
 for _ in range(2):
     try:
-        import demo_c
-        print("imported")
-    except ImportError as e:
-        print("ImportError")
+        with open("/sigma/lib/demo_c/blob.bin", "rb") as f:
+            f.read()
+        print("read")
+    except OSError as e:
+        print("OSError", e.errno)
+try:
+    import demo_c
+    print("imported")
+except ImportError as e:
+    print("ImportError")
 "#);
     assert_eq!(o.status.code(), Some(0));
-    assert_eq!(stdout(&o), "ImportError\nImportError\n");
+    assert_eq!(stdout(&o), "OSError 5\nOSError 5\nImportError\n");
     let err = stderr(&o);
     let lines: Vec<_> = err
         .lines()
@@ -865,4 +873,181 @@ fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
         stderr(&out)
     );
     assert_eq!(listdir(&cache.join("realms/r2/lib")), Vec::<String>::new());
+}
+
+/// A `file://` bucket whose `demo_s` archive is a FIFO: the test decides when its bytes
+/// arrive. Returns (bucket URL, the archive's path, its bytes).
+fn stalled_bucket(tmp: &Path) -> (String, PathBuf, Vec<u8>) {
+    // 4 MB that do not compress: the archive is mostly the blob, whose entry comes after the
+    // imported files (published with the import trace).
+    let pkg = common::make_pkg(&tmp.join("src"), "demo_s", 4 << 20);
+    let bucket_dir = tmp.join("bucket");
+    std::fs::create_dir_all(&bucket_dir).unwrap();
+    let bucket = format!("file://{}", bucket_dir.display());
+    publish(&bucket, &[], &[&pkg]);
+    let archive = std::fs::read_dir(bucket_dir.join("sigma-lib/pkgs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("demo"))
+        .expect("published archive");
+    let data = std::fs::read(&archive).unwrap();
+    std::fs::remove_file(&archive).unwrap();
+    nix::unistd::mkfifo(&archive, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    (bucket, archive, data)
+}
+
+/// Start a cold run of `code` in realm `r` against the stalled bucket, stdin and stdout piped.
+fn spawn_stalled(bucket: &str, cache: &Path, code: &str) -> std::process::Child {
+    sup()
+        .args([
+            "--stats",
+            "--no-prefetch",
+            "--fetch-timeout",
+            "60",
+            "--realm",
+            "r",
+        ])
+        .args(["--bucket", bucket])
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(["python3", "-c", code])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sigma-supervise")
+}
+
+/// The next line of a child's stdout, or `None` after 30 s or at its end.
+fn line_within(rx: &std::sync::mpsc::Receiver<String>) -> Option<String> {
+    rx.recv_timeout(Duration::from_secs(30)).ok()
+}
+
+fn lines_of(out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead as _;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+const READ_BLOB: &str = r#"
+import hashlib, sys
+import demo_s
+print("imported", demo_s.NAME, flush=True)
+sys.stdin.readline()
+try:
+    with open("/sigma/lib/demo_s/blob.bin", "rb") as f:
+        data = f.read()
+    print("blob", len(data), hashlib.sha256(data).hexdigest(), flush=True)
+except OSError as e:
+    print("error", e.errno, flush=True)
+"#;
+
+#[test]
+fn a_cold_import_runs_while_the_rest_of_its_package_is_still_arriving() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let (bucket, archive, data) = stalled_bucket(tmp.path());
+    let cache = tmp.path().join("cache");
+    let mut child = spawn_stalled(&bucket, &cache, READ_BLOB);
+    let lines = lines_of(child.stdout.take().unwrap());
+    // Half the archive: the imported files (first in it) are whole, the blob is not.
+    let mut fifo = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&archive)
+        .unwrap();
+    fifo.write_all(&data[..data.len() / 2]).unwrap();
+    fifo.flush().unwrap();
+    let first = line_within(&lines);
+    let marker = cache.join("realms/r/state/demo-s.installed");
+    assert_eq!(first.as_deref(), Some("imported demo_s"));
+    assert!(!marker.exists(), "imported before the package was complete");
+    // The blob's reader waits for the rest, then gets its verified bytes.
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    fifo.write_all(&data[data.len() / 2..]).unwrap();
+    drop(fifo);
+    let blob = line_within(&lines).unwrap_or_default();
+    let out = child.wait_with_output().unwrap();
+    show(&out);
+    assert!(out.status.success());
+    let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
+    use sha2::Digest as _;
+    let sha = hex::encode(sha2::Sha256::digest(&want));
+    assert_eq!(blob, format!("blob {} {sha}", want.len()));
+    assert!(marker.exists(), "installed once the run ended");
+    let err = stderr(&out);
+    let served_early = err
+        .split("files, ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(served_early.is_some_and(|n| n > 0), "{err}");
+}
+
+#[test]
+fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_next_run_completes() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let (bucket, archive, data) = stalled_bucket(tmp.path());
+    let cache = tmp.path().join("cache");
+    let mut child = spawn_stalled(&bucket, &cache, READ_BLOB);
+    let lines = lines_of(child.stdout.take().unwrap());
+    let mut fifo = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&archive)
+        .unwrap();
+    fifo.write_all(&data[..data.len() / 2]).unwrap();
+    fifo.flush().unwrap();
+    assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
+    // The blob's reader is blocked on the supervisor when it is killed.
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = child.wait();
+    drop(fifo);
+    // Whatever the proc printed after the kill, never bytes that are not the blob's.
+    let after: Vec<String> = std::iter::from_fn(|| line_within(&lines)).collect();
+    assert!(
+        after.iter().all(|l| l.starts_with("error ")),
+        "a blocked reader gets an error or nothing: {after:?}"
+    );
+    // Left behind: a placed skeleton and its journal, no marker.
+    let state = cache.join("realms/r/state");
+    assert!(state.join("demo-s.pending").exists());
+    assert!(!state.join("demo-s.installed").exists());
+
+    // The next run (a regular archive again) recovers and completes the package.
+    std::fs::remove_file(&archive).unwrap();
+    std::fs::write(&archive, &data).unwrap();
+    let mut next = spawn_stalled(&bucket, &cache, READ_BLOB);
+    next.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    let out = next.wait_with_output().unwrap();
+    show(&out);
+    assert!(out.status.success());
+    let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
+    use sha2::Digest as _;
+    let sha = hex::encode(sha2::Sha256::digest(&want));
+    assert_eq!(
+        stdout(&out),
+        format!("imported demo_s\nblob {} {sha}\n", want.len())
+    );
+    assert!(state.join("demo-s.installed").exists());
+    assert!(!state.join("demo-s.pending").exists());
+    assert_eq!(
+        listdir(&cache.join("realms/r/lib")),
+        ["demo_s"],
+        "nothing of the killed install is left beside it"
+    );
 }
