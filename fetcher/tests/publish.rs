@@ -314,3 +314,103 @@ fn python_cache_tag() -> String {
         .expect("python3 runs");
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
+
+/// The tar entries of a published archive, in archive order, and the number of zstd frames.
+fn archive_layout(data: &[u8]) -> (Vec<String>, usize) {
+    let mut frames = 0;
+    let mut rest = data;
+    while !rest.is_empty() {
+        let n = zstd::zstd_safe::find_frame_compressed_size(rest).expect("a whole zstd frame");
+        rest = &rest[n..];
+        frames += 1;
+    }
+    let raw = zstd::decode_all(data).unwrap();
+    let mut tar = tar::Archive::new(&raw[..]);
+    let names = tar
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().display().to_string())
+        .collect();
+    (names, frames)
+}
+
+#[tokio::test]
+async fn the_import_trace_puts_what_an_import_reads_first_in_a_frame_of_its_own() {
+    use sigma_fetcher::publish::{publish_with, PublishOptions};
+    use sigma_fetcher::store::memory::MemoryStore;
+    use sigma_fetcher::TraceRunner;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("src/tracedpkg");
+    std::fs::create_dir_all(d.join("sub")).unwrap();
+    std::fs::write(
+        d.join("__init__.py"),
+        "from .sub import mod\nNAME = 'traced'\n",
+    )
+    .unwrap();
+    std::fs::write(d.join("sub/__init__.py"), "").unwrap();
+    std::fs::write(d.join("sub/mod.py"), "X = 1\n").unwrap();
+    std::fs::write(
+        d.join("aaa_unused.py"),
+        "raise SystemExit('never imported')\n",
+    )
+    .unwrap();
+    std::fs::write(d.join("blob.bin"), vec![7u8; 100_000]).unwrap();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new("t"));
+    let cfg = FetchConfig::default();
+    // This test's package is trusted: the interpreter runs it directly (the supervisor's
+    // publish runs it in its jail).
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let runs2 = runs.clone();
+    let runner = TraceRunner(Arc::new(move |python: &Path, _dir: &Path, args: &[_]| {
+        runs2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut c = Command::new(python);
+        c.args(args);
+        c
+    }));
+    let opts = PublishOptions {
+        compile_with: Some("python3".into()),
+        compile_required: true,
+        trace: Some(runner),
+    };
+    let r = publish_with(store.as_ref(), &PublishSource::PackageDir(d), &cfg, &opts)
+        .await
+        .unwrap();
+    assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let tag = python_cache_tag();
+    let key = &r.packages[0].archive_key;
+    let data = sigma_fetcher::store::get_bytes(store.as_ref(), key, &cfg)
+        .await
+        .unwrap();
+    let (names, frames) = archive_layout(&data);
+    // What `import tracedpkg` reads, in the order it reads it (a source before its bytecode),
+    // then everything else in path order.
+    let pyc = |dir: &str, m: &str| format!("tracedpkg/{dir}__pycache__/{m}.{tag}.pyc");
+    let traced = [
+        "tracedpkg/__init__.py".to_string(),
+        pyc("", "__init__"),
+        "tracedpkg/sub/__init__.py".to_string(),
+        pyc("sub/", "__init__"),
+        "tracedpkg/sub/mod.py".to_string(),
+        pyc("sub/", "mod"),
+    ];
+    assert_eq!(names[..traced.len()], traced, "{names:?}");
+    let mut rest = names[traced.len()..].to_vec();
+    let sorted = {
+        let mut s = rest.clone();
+        s.sort();
+        s
+    };
+    assert_eq!(rest, sorted, "the rest in path order");
+    rest.retain(|n| n.contains("aaa_unused") || n.ends_with("blob.bin"));
+    assert_eq!(rest.len(), 3, "{rest:?}");
+    assert_eq!(frames, 2, "the traced files end a frame of their own");
+
+    // The frames are one stream to a reader: the package installs and verifies.
+    let cache = RealmCache::open(tmp.path().join("c"), "r", store, cfg).unwrap();
+    let out = cache.ensure("tracedpkg").await.unwrap();
+    assert!(out.fetched);
+    assert_eq!(
+        std::fs::read(out.dir.join("blob.bin")).unwrap(),
+        vec![7u8; 100_000]
+    );
+}
