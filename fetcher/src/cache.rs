@@ -1329,9 +1329,13 @@ fn unpack_files(
     // Tar framing: a header and up to one block of padding per file, pax records, two end
     // blocks; generous, and still a bound.
     let framing = (pkg.files.len() as u64).saturating_mul(4096) + (1 << 20);
-    let decoded: Box<dyn Read> = match pkg.archive.encoding {
-        Encoding::TarZstd => Box::new(zstd::Decoder::new(archive).map_err(undecodable(pkg))?),
-        Encoding::Tar => Box::new(archive),
+    // Frames are decoded by a few threads and read in order (see `crate::frames`).
+    let (decoded, pool): (Box<dyn Read>, _) = match pkg.archive.encoding {
+        Encoding::TarZstd => {
+            let (frames, pool) = crate::frames::frames(archive).map_err(undecodable(pkg))?;
+            (Box::new(frames), Some(pool))
+        }
+        Encoding::Tar => (Box::new(archive), None),
     };
     let reader = Bounded {
         inner: decoded,
@@ -1340,6 +1344,11 @@ fn unpack_files(
     let workers = install_threads();
     let queue = Queue::new(workers * 4, IN_FLIGHT);
     let parsed = std::thread::scope(|s| {
+        if let Some(pool) = &pool {
+            for _ in 0..workers.min(2) {
+                s.spawn(|| pool.work());
+            }
+        }
         for _ in 0..workers {
             s.spawn(|| {
                 let _stop = StopOnPanic(&queue);

@@ -13,6 +13,7 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod frames;
 pub mod index;
 mod progress;
 pub mod publish;
