@@ -83,8 +83,9 @@ impl fmt::Debug for TraceRunner {
     }
 }
 
-/// zstd frames of an archive hold about this many bytes of tar each: independent pieces a
-/// reader could decode in parallel, the traced files in frames of their own.
+/// zstd frames of an archive hold this many bytes of tar each (entries may span frames):
+/// independent pieces a reader decodes in parallel ([`crate::frames`]), the traced files in
+/// frames of their own.
 pub const FRAME_BYTES: usize = 4 << 20;
 
 /// How [`publish_with`] builds archives.
@@ -438,9 +439,9 @@ pub(crate) fn build_package(
 }
 
 /// [`build_package`] with the files named in `first` (an import trace) first, in that order,
-/// then the rest in path order. Compressed as independent zstd frames of about
-/// [`FRAME_BYTES`], the traced files ending a frame of their own: every frame holds whole tar
-/// entries (the last one the end of the archive), and the frames together are one zstd stream.
+/// then the rest in path order. Compressed as independent zstd frames of [`FRAME_BYTES`] of
+/// tar, counted from the start and again from the end of the traced files (so they end a
+/// frame): together one zstd stream, and each frame declares its decoded size.
 pub(crate) fn build_package_ordered(
     dist: &Distribution,
     encoding: Encoding,
@@ -462,9 +463,8 @@ pub(crate) fn build_package_ordered(
             .map(String::as_str)
             .filter(|p| !taken.contains(p)),
     );
-    // Where each frame ends in the tar stream (entry boundaries).
-    let mut cuts = Vec::new();
-    let mut frame_start = 0usize;
+    // Where the traced files end in the tar stream.
+    let mut traced_end = 0usize;
     for (i, path) in order.enumerate() {
         let data = &dist.files[path];
         let mut h = tar::Header::new_ustar();
@@ -479,10 +479,8 @@ pub(crate) fn build_package_ordered(
             sha256: hex::encode(Sha256::digest(data)),
             size: data.len() as u64,
         });
-        let at = tar.get_ref().len();
-        if at - frame_start >= FRAME_BYTES || i + 1 == traced {
-            cuts.push(at);
-            frame_start = at;
+        if i + 1 == traced {
+            traced_end = tar.get_ref().len();
         }
     }
     // The index lists files in path order, whatever the archive's order.
@@ -490,6 +488,11 @@ pub(crate) fn build_package_ordered(
     let raw = tar
         .into_inner()
         .map_err(|e| FetchError::invalid(format!("archive {}", dist.name), e))?;
+    let cuts: Vec<usize> = (FRAME_BYTES..traced_end)
+        .step_by(FRAME_BYTES)
+        .chain((traced_end > 0).then_some(traced_end))
+        .chain((traced_end + FRAME_BYTES..raw.len()).step_by(FRAME_BYTES))
+        .collect();
     let (bytes, ext) = match encoding {
         Encoding::TarZstd => (compress_frames(&raw, &cuts, &dist.name)?, "tar.zst"),
         Encoding::Tar => (raw, "tar"),
