@@ -380,11 +380,16 @@ fn readonly_view_rootless(dir: &std::ffi::CStr) -> Result<std::os::fd::OwnedFd, 
     }
 }
 
+/// Whether [`mark`] prints (for marks whose label costs something to build).
+pub fn marking() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SIGMA_SUPERVISE_TIMELINE").is_some())
+}
+
 /// Start-up timeline for measurement: with `SIGMA_SUPERVISE_TIMELINE=1` in the environment,
 /// each mark prints `timeline PID LABEL MICROS` (CLOCK_MONOTONIC) to stderr.
 pub fn mark(label: &str) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("SIGMA_SUPERVISE_TIMELINE").is_some()) {
+    if marking() {
         let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
             .map(|t| t.tv_sec() * 1_000_000 + t.tv_nsec() / 1000)
             .unwrap_or(0);

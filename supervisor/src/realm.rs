@@ -834,9 +834,15 @@ impl fetcher::Placement for Streams {
         let st = self.get_or_insert(&pkg.name);
         lock(&st.state).pending = Some(pkg.files.iter().map(|f| f.path.clone()).collect());
         st.changed.notify_all();
+        if jail::marking() {
+            jail::mark(&format!("placed:{}", pkg.name));
+        }
     }
 
     fn ended(&self, pkg: &fetcher::index::Package, result: Result<(), &FetchError>) {
+        if jail::marking() {
+            jail::mark(&format!("ended:{}", pkg.name));
+        }
         // Later lookups see the marker (or, after a failure, start over); waiters keep theirs.
         let mut map = lock(&self.by_pkg);
         if let Some(st) = map.remove(&pkg.name) {
@@ -1094,12 +1100,19 @@ impl Resolver for RealmResolver {
             });
         }
         let rel = index_path(rest);
+        let marks = jail::marking().then(|| format!("{}", rest.display()));
+        if let Some(m) = &marks {
+            jail::mark(&format!("wait:{m}"));
+        }
         let state = st
             .changed
             .wait_while(lock(&st.state), |s| {
                 s.done.is_none() && !rel.as_deref().is_some_and(|r| s.servable(r))
             })
             .unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = &marks {
+            jail::mark(&format!("woke:{m}"));
+        }
         match state.done {
             Some(Err(e)) => Err(e),
             _ => Ok(()),
