@@ -90,6 +90,11 @@ pub async fn run_publish_traced(
         trace: trace.filter(|_| !args.no_trace),
         ..args.options()
     };
+    if opts.trace.is_some() && opts.compile_with.is_some() && sources.len() > 1 {
+        // One publish, so each package's import trace runs with the others present.
+        let all = PublishSource::Several(sources);
+        return Ok(vec![publish_with(store.as_ref(), &all, cfg, &opts).await?]);
+    }
     let mut reports = Vec::new();
     for s in &sources {
         reports.push(publish_with(store.as_ref(), s, cfg, &opts).await?);

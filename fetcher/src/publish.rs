@@ -35,6 +35,9 @@ pub enum PublishSource {
     Wheels(PathBuf),
     /// A plain package directory (with `__init__.py`) or a site-packages-like directory.
     PackageDir(PathBuf),
+    /// All of these, published together (one import trace sees every one of them, so a
+    /// package is traced with its dependencies present).
+    Several(Vec<PublishSource>),
 }
 
 impl PublishSource {
@@ -209,6 +212,13 @@ fn distributions(source: &PublishSource) -> Result<Vec<Distribution>> {
         PublishSource::Wheels(p) if p.is_file() => Ok(vec![read_wheel(p)?]),
         PublishSource::Wheels(dir) => wheels_in(dir),
         PublishSource::PackageDir(dir) => read_package_dir(dir),
+        PublishSource::Several(all) => {
+            let mut out = Vec::new();
+            for s in all {
+                out.extend(distributions(s)?);
+            }
+            Ok(out)
+        }
     }
 }
 

@@ -49,8 +49,13 @@ pub fn main(args: &PublishArgs) -> ExitCode {
         jailed_trace(),
     )) {
         Ok(reports) => {
+            // A reader that went away (`| head`) is not a failure of the publish.
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
             for r in reports {
-                println!("{r}");
+                if writeln!(out, "{r}").is_err() {
+                    break;
+                }
             }
             ExitCode::SUCCESS
         }
