@@ -1,19 +1,19 @@
 //! An archive's zstd frames decoded on several threads, delivered in order.
 //!
 //! A published archive is a sequence of independent zstd frames (see
-//! [`crate::publish::FRAME_BYTES`]), each declaring its decoded size. [`Frames`] reads the
-//! compressed stream, cuts it at frame boundaries (reading the frame and block headers, never
-//! decoding), hands each frame that declares at most [`MAX_FRAME`] decoded bytes to a decoding
-//! thread, and returns the decoded bytes in stream order. A frame that declares no size or a
-//! larger one (an archive written as one frame) is decoded as a stream on the reader's thread,
-//! after the frames before it: any valid zstd stream reads the same as with one decoder, and
-//! memory stays bounded by [`IN_FLIGHT`] frames of [`MAX_FRAME`] bytes.
+//! [`crate::publish::FRAME_BYTES`]), each declaring its decoded size. A [`Splitter`], on a
+//! thread of its own, reads the compressed stream and cuts it at frame boundaries (reading the
+//! frame and block headers, never decoding), hands each frame that declares at most
+//! [`MAX_FRAME`] decoded bytes to a [`Pool`]'s threads, and queues the results in stream order
+//! for [`Frames`], the reader: what has arrived is read at once, never held up by a frame still
+//! arriving. A frame that declares no size or a larger one (an archive written as one frame)
+//! is decoded as a stream by the splitter: any valid zstd stream reads the same as with one
+//! decoder, and memory stays bounded by [`IN_FLIGHT`] frames of [`MAX_FRAME`] bytes.
 //!
 //! Input is hostile: sizes are checked before anything is allocated from them, a frame that
 //! decodes to other than its declared size, a reserved block type or a truncated frame is
 //! `InvalidData`.
 
-use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -23,7 +23,7 @@ use zstd::stream::raw::{Decoder as RawDecoder, InBuffer, Operation, OutBuffer};
 /// The largest decoded size of a frame decoded off the reader's thread.
 pub const MAX_FRAME: usize = 8 << 20;
 
-/// Frames handed out and not yet read.
+/// Frames (or streamed pieces) queued and not yet read.
 pub const IN_FLIGHT: usize = 4;
 
 const ZSTD_MAGIC: u32 = 0xFD2F_B528;
@@ -73,60 +73,88 @@ fn decode_frame(frame: &[u8], size: usize) -> io::Result<Vec<u8>> {
     Ok(out)
 }
 
-enum Next {
-    /// A frame decoded elsewhere, in stream order.
-    Pending(Receiver<io::Result<Vec<u8>>>),
-    /// A frame to decode as a stream here, once everything before it is read.
-    Stream,
+/// The decoded stream, in order: what [`Splitter::run`] queued, as the frames finish.
+pub struct Frames {
+    order: Receiver<Receiver<io::Result<Vec<u8>>>>,
+    /// Decoded bytes being read (`out[out_pos..]`).
+    out: Vec<u8>,
+    out_pos: usize,
+    done: bool,
 }
 
-/// The decoded stream of a zstd input, frames decoded by a [`Pool`]'s threads.
-pub struct Frames<R> {
+/// Cuts the compressed input into frames, on a thread of its own, so the reader is never held
+/// up by input that has not arrived yet: small frames go to the [`Pool`], anything else is
+/// decoded here as a stream, and every piece is queued in stream order.
+pub struct Splitter<R> {
     input: R,
     /// Compressed bytes read and not yet consumed (`buf[pos..]`).
     buf: Vec<u8>,
     pos: usize,
     input_done: bool,
-    jobs: Option<mpsc::Sender<Job>>,
-    queue: VecDeque<Next>,
-    /// Decoded bytes being read (`out[out_pos..]`).
-    out: Vec<u8>,
-    out_pos: usize,
-    /// The frame being decoded as a stream, if any.
-    stream: Option<RawDecoder<'static>>,
+    jobs: mpsc::Sender<Job>,
+    order: SyncSender<Receiver<io::Result<Vec<u8>>>>,
 }
 
-/// A reader over `input` and the pool whose threads (started by the caller, as many as
-/// wanted, with [`Pool::work`]) decode its frames.
-pub fn frames<R: Read>(input: R) -> io::Result<(Frames<R>, Pool)> {
-    let (tx, rx) = mpsc::channel();
-    Ok((
+/// The reader of `input`'s decoded bytes, the splitter to run on a thread of its own
+/// ([`Splitter::run`]), and the pool whose threads ([`Pool::work`], as many as wanted) decode
+/// its frames.
+pub fn frames<R: Read>(input: R) -> (Frames, Splitter<R>, Pool) {
+    let (jobs, rx) = mpsc::channel();
+    let (order, queued) = mpsc::sync_channel(IN_FLIGHT);
+    (
         Frames {
+            order: queued,
+            out: Vec::new(),
+            out_pos: 0,
+            done: false,
+        },
+        Splitter {
             input,
             buf: Vec::new(),
             pos: 0,
             input_done: false,
-            jobs: Some(tx),
-            queue: VecDeque::new(),
-            out: Vec::new(),
-            out_pos: 0,
-            stream: None,
+            jobs,
+            order,
         },
         Pool {
             jobs: Arc::new(Mutex::new(rx)),
         },
-    ))
+    )
 }
 
-impl<R: Read> Frames<R> {
+/// A piece that is already decoded (or an error), queued like a frame.
+fn ready(r: io::Result<Vec<u8>>) -> Receiver<io::Result<Vec<u8>>> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    let _ = tx.send(r);
+    rx
+}
+
+impl<R: Read> Splitter<R> {
+    /// Split until the input ends, fails (the error is queued in order), or the reader is gone.
+    pub fn run(mut self) {
+        if let Err(e) = self.split() {
+            let _ = self.order.send(ready(Err(e)));
+        }
+    }
+
+    fn split(&mut self) -> io::Result<()> {
+        while self.fill(1)? {
+            if !self.next_frame()? {
+                // The reader is gone.
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
     /// Make at least `n` unconsumed bytes available; false if the input ends first.
     fn fill(&mut self, n: usize) -> io::Result<bool> {
         while self.buf.len() - self.pos < n {
             if self.input_done {
                 return Ok(false);
             }
-            if self.pos > 0 && self.pos == self.buf.len() {
-                self.buf.clear();
+            if self.pos > 0 {
+                self.buf.drain(..self.pos);
                 self.pos = 0;
             }
             let len = self.buf.len();
@@ -157,14 +185,11 @@ impl<R: Read> Frames<R> {
         b.iter().rev().fold(0u64, |v, &x| (v << 8) | u64::from(x))
     }
 
-    /// Look at the next frame: queue it for a decoding thread, skip it (skippable), or mark it
-    /// for streaming. False at the end of the input.
-    fn queue_next(&mut self) -> io::Result<bool> {
+    /// Queue the next frame (at least one byte of it is buffered): to a decoding thread,
+    /// skipped (skippable), or decoded here. False if the reader is gone.
+    fn next_frame(&mut self) -> io::Result<bool> {
         if !self.fill(4)? {
-            if self.buf.len() > self.pos {
-                return Err(invalid("truncated zstd frame"));
-            }
-            return Ok(false);
+            return Err(invalid("truncated zstd frame"));
         }
         let magic = self.peek(0, 4) as u32;
         if magic & SKIPPABLE_MASK == SKIPPABLE_MAGIC {
@@ -211,11 +236,8 @@ impl<R: Read> Frames<R> {
             n => Some(self.peek(header - n, n)),
         };
         let size = match size.and_then(|s| usize::try_from(s).ok()) {
-            Some(s) if s <= MAX_FRAME && self.jobs.is_some() => s,
-            _ => {
-                self.queue.push_back(Next::Stream);
-                return Ok(true);
-            }
+            Some(s) if s <= MAX_FRAME => s,
+            _ => return self.stream_frame(),
         };
         // Walk the blocks to the frame's end; the frame is then taken whole.
         let mut end = header;
@@ -249,47 +271,38 @@ impl<R: Read> Frames<R> {
         let frame = self.buf[self.pos..self.pos + end].to_vec();
         self.pos += end;
         let (tx, rx) = mpsc::sync_channel(1);
-        let sent = self
-            .jobs
-            .as_ref()
-            .is_some_and(|jobs| jobs.send((frame, size, tx)).is_ok());
-        if !sent {
+        if self.jobs.send((frame, size, tx)).is_err() {
             return Err(io::Error::other("no zstd decoding thread"));
         }
-        self.queue.push_back(Next::Pending(rx));
-        Ok(true)
+        Ok(self.order.send(rx).is_ok())
     }
 
-    /// Decode more of the streamed frame into `out`; false once that frame is done.
-    fn stream_more(&mut self) -> io::Result<bool> {
-        if self.stream.is_none() {
-            return Ok(false);
+    /// Decode the frame that starts here as a stream, queueing its output as it comes.
+    fn stream_frame(&mut self) -> io::Result<bool> {
+        let mut dec = RawDecoder::new()?;
+        loop {
+            if self.buf.len() == self.pos && !self.fill(1)? {
+                return Err(invalid("truncated zstd frame"));
+            }
+            let mut out = vec![0u8; 128 << 10];
+            let mut input = InBuffer::around(&self.buf[self.pos..]);
+            let mut output = OutBuffer::around(&mut out[..]);
+            let hint = dec.run(&mut input, &mut output)?;
+            let (used, made) = (input.pos(), output.pos());
+            self.pos += used;
+            out.truncate(made);
+            if !out.is_empty() && self.order.send(ready(Ok(out))).is_err() {
+                return Ok(false);
+            }
+            if hint == 0 {
+                // The frame is decoded and flushed.
+                return Ok(true);
+            }
         }
-        // More input, unless there is none: a frame cut short.
-        if self.buf.len() == self.pos && !self.fill(1)? {
-            return Err(invalid("truncated zstd frame"));
-        }
-        let Some(dec) = self.stream.as_mut() else {
-            return Ok(false);
-        };
-        self.out.clear();
-        self.out.resize(128 << 10, 0);
-        self.out_pos = 0;
-        let mut input = InBuffer::around(&self.buf[self.pos..]);
-        let mut output = OutBuffer::around(&mut self.out[..]);
-        let hint = dec.run(&mut input, &mut output)?;
-        let (used, made) = (input.pos(), output.pos());
-        self.pos += used;
-        self.out.truncate(made);
-        if hint == 0 {
-            // The frame is decoded and flushed.
-            self.stream = None;
-        }
-        Ok(true)
     }
 }
 
-impl<R: Read> Read for Frames<R> {
+impl Read for Frames {
     fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
         loop {
             if self.out_pos < self.out.len() {
@@ -298,36 +311,29 @@ impl<R: Read> Read for Frames<R> {
                 self.out_pos += n;
                 return Ok(n);
             }
-            if self.stream.is_some() {
-                self.stream_more()?;
-                continue;
+            if self.done {
+                return Ok(0);
             }
-            // Keep the decoding threads busy: queue frames up to the bound, but never past a
-            // frame that must be streamed here.
-            while self.queue.len() < IN_FLIGHT
-                && !matches!(self.queue.back(), Some(Next::Stream))
-                && self.queue_next()?
-            {}
-            match self.queue.pop_front() {
-                None => return Ok(0),
-                Some(Next::Pending(rx)) => {
-                    self.out = rx
-                        .recv()
-                        .map_err(|_| io::Error::other("a zstd decoding thread stopped"))??;
+            let Ok(next) = self.order.recv() else {
+                // The splitter is done.
+                self.done = true;
+                return Ok(0);
+            };
+            match next.recv() {
+                Ok(Ok(out)) => {
+                    self.out = out;
                     self.out_pos = 0;
                 }
-                Some(Next::Stream) => {
-                    self.stream = Some(RawDecoder::new()?);
+                Ok(Err(e)) => {
+                    self.done = true;
+                    return Err(e);
+                }
+                Err(_) => {
+                    self.done = true;
+                    return Err(io::Error::other("a zstd decoding thread stopped"));
                 }
             }
         }
-    }
-}
-
-impl<R> Drop for Frames<R> {
-    fn drop(&mut self) {
-        // The decoding threads end once their job queue is gone.
-        self.jobs = None;
     }
 }
 
@@ -337,8 +343,9 @@ mod tests {
 
     /// Read `input` through [`Frames`] with `threads` decoding threads.
     fn read_all(input: &[u8], threads: usize) -> io::Result<Vec<u8>> {
-        let (mut f, pool) = frames(input)?;
+        let (mut f, splitter, pool) = frames(input);
         std::thread::scope(|s| {
+            s.spawn(|| splitter.run());
             for _ in 0..threads {
                 s.spawn(|| pool.work());
             }
@@ -394,6 +401,58 @@ mod tests {
                 "{threads} threads: the same bytes in the same order"
             );
         }
+    }
+
+    /// Input that arrives in pieces, when the test sends them.
+    struct Trickle(Receiver<Vec<u8>>, Vec<u8>);
+
+    impl Read for Trickle {
+        fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+            if self.1.is_empty() {
+                match self.0.recv() {
+                    Ok(v) => self.1 = v,
+                    Err(_) => return Ok(0),
+                }
+            }
+            let n = dst.len().min(self.1.len());
+            dst[..n].copy_from_slice(&self.1[..n]);
+            self.1.drain(..n);
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn what_has_arrived_is_read_while_the_next_frame_is_still_arriving() {
+        let (a, b) = (data(1 << 20), data(3 << 20));
+        let fa = zstd::bulk::compress(&a, 3).unwrap();
+        let fb = zstd::bulk::compress(&b, 3).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let (mut f, splitter, pool) = frames(Trickle(rx, Vec::new()));
+        std::thread::scope(|s| {
+            s.spawn(|| splitter.run());
+            s.spawn(|| pool.work());
+            // The first frame whole, the second one half.
+            tx.send(fa.clone()).unwrap();
+            tx.send(fb[..fb.len() / 2].to_vec()).unwrap();
+            let (got_tx, got_rx) = mpsc::channel();
+            let reader = s.spawn(move || {
+                let mut first = vec![0u8; a.len()];
+                f.read_exact(&mut first).unwrap();
+                got_tx.send(first == a).unwrap();
+                let mut rest = Vec::new();
+                f.read_to_end(&mut rest).unwrap();
+                rest
+            });
+            let first = got_rx.recv_timeout(std::time::Duration::from_secs(10));
+            assert_eq!(
+                first,
+                Ok(true),
+                "the first frame is read before the second arrives"
+            );
+            tx.send(fb[fb.len() / 2..].to_vec()).unwrap();
+            drop(tx);
+            assert!(reader.join().unwrap() == b);
+        });
     }
 
     #[test]
