@@ -1085,19 +1085,7 @@ impl RealmCache {
                     // The download fills the channel meanwhile.
                     place_skeleton(&pkg2, &tree, &place.lib, &place.pending)?;
                     place.placement.placed(&pkg2);
-                    let fill = Fill {
-                        dir: tree.with_file_name("fill"),
-                        next: Default::default(),
-                    };
-                    std::fs::create_dir(&fill.dir).ctx("create dir", &fill.dir)?;
-                    unpack_files(
-                        &pkg2,
-                        reader,
-                        &root,
-                        &place.lib,
-                        Some(&fill),
-                        hook.as_deref(),
-                    )
+                    unpack_files(&pkg2, reader, &root, &place.lib, true, hook.as_deref())
                 }
             }
         });
@@ -1150,8 +1138,8 @@ pub type FileHook = dyn Fn(&str, &Path) + Send + Sync;
 
 /// Told about installs that stream into the lib dir ([`RealmCache::set_placement`]). Between
 /// `placed` and `ended`, the package's directories and file names are all in the lib dir (a
-/// listing is complete), but a name is the file with its verified bytes only once the file hook
-/// has announced its lib path: until then it is an empty placeholder that must not be served.
+/// listing is complete), but a file holds its verified bytes only once the file hook has
+/// announced its lib path: until then it is an empty placeholder that must not be served.
 /// Called on the installer's threads; must not block.
 pub trait Placement: Send + Sync {
     /// `pkg`'s skeleton is in the lib dir.
@@ -1161,28 +1149,6 @@ pub trait Placement: Send + Sync {
     fn ended(&self, pkg: &Package, result: std::result::Result<(), &FetchError>);
 }
 
-/// Files of an install that streams into the lib dir: each is created under a new name in a
-/// staging directory (read-only, as every stored file), written and verified there, then
-/// renamed over its placeholder in one step.
-struct Fill {
-    dir: PathBuf,
-    next: std::sync::atomic::AtomicUsize,
-}
-
-impl Fill {
-    /// A new file to write `dst`'s bytes into, and its name.
-    fn create(&self) -> Result<(std::fs::File, PathBuf)> {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let tmp = self.dir.join(n.to_string());
-        Ok((create_staged(&tmp)?, tmp))
-    }
-
-    /// The verified file `tmp` becomes `dst`.
-    fn place(&self, tmp: &Path, dst: &Path) -> Result<()> {
-        std::fs::rename(tmp, dst).ctx("rename into", dst)
-    }
-}
-
 /// Where an install that streams into the lib dir places its skeleton.
 struct Place {
     lib: PathBuf,
@@ -1190,24 +1156,20 @@ struct Place {
     placement: Arc<dyn Placement>,
 }
 
-/// Hard links one placeholder inode may have (ext4 allows 65,000).
-const LINKS_PER_PLACEHOLDER: usize = 60_000;
-
-/// Build `pkg`'s skeleton in `tree` (every directory; every file a hard link to one empty,
-/// read-only placeholder: names cost no inode, so a slow inode allocator delays no reader),
-/// journal its top-level entries in `pending`, and rename them into `lib`. Each file is created
-/// later, when its bytes arrive, and renamed over its placeholder ([`Fill`]).
+/// Build `pkg`'s skeleton in `tree` (every directory; every file empty, owner-writable until
+/// filled), journal its top-level entries in `pending`, and rename them into `lib`.
 fn place_skeleton(pkg: &Package, tree: &Path, lib: &Path, pending: &Path) -> Result<()> {
     make_dirs(pkg, tree)?;
-    let stage = tree.parent().unwrap_or(tree);
-    for (i, part) in pkg.files.chunks(LINKS_PER_PLACEHOLDER).enumerate() {
-        let placeholder = stage.join(format!("placeholder.{i}"));
-        create_staged(&placeholder)?;
-        for f in part {
-            let dst = tree.join(&f.path);
-            std::fs::hard_link(&placeholder, &dst).ctx("link", &dst)?;
-        }
-    }
+    for_each_in_parallel(&pkg.files, |f| {
+        let dst = tree.join(&f.path);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&dst)
+            .map(drop)
+            .ctx("create", &dst)
+    })?;
     write_renamed(
         pending,
         &serde_json::to_vec(&pkg.top_level).unwrap_or_default(),
@@ -1357,20 +1319,19 @@ fn unpack_tree(
     on_verified: Option<&FileHook>,
 ) -> Result<()> {
     std::fs::create_dir(tree).ctx("create dir", tree)?;
-    unpack_files(pkg, archive, root, tree, None, on_verified)
+    unpack_files(pkg, archive, root, tree, false, on_verified)
 }
 
-/// [`unpack_tree`] into an existing `tree`; with `fill`, the tree is a placed skeleton
-/// ([`place_skeleton`]) whose placeholders are replaced by the files as they are verified.
+/// [`unpack_tree`] into an existing `tree`; `in_place`: the tree is a placed skeleton
+/// ([`place_skeleton`]) whose empty files are filled (and made read-only) instead of created.
 fn unpack_files(
     pkg: &Package,
     archive: impl Read + Send,
     root: &Path,
     tree: &Path,
-    fill: Option<&Fill>,
+    in_place: bool,
     on_verified: Option<&FileHook>,
 ) -> Result<()> {
-    let in_place = fill.is_some();
     // Tar framing: a header and up to one block of padding per file, pax records, two end
     // blocks; generous, and still a bound.
     let framing = (pkg.files.len() as u64).saturating_mul(4096) + (1 << 20);
@@ -1401,13 +1362,13 @@ fn unpack_files(
             s.spawn(|| {
                 let _stop = StopOnPanic(&queue);
                 while let Some(job) = queue.pop() {
-                    let result = write_job(pkg, &job, fill, on_verified);
+                    let result = write_job(pkg, &job, in_place, on_verified);
                     queue.done(job.size, result);
                 }
             });
         }
         let _stop = StopOnPanic(&queue);
-        let parsed = parse_entries(pkg, reader, tree, fill, &queue, on_verified);
+        let parsed = parse_entries(pkg, reader, tree, in_place, &queue, on_verified);
         if let Err(e) = &parsed {
             queue.fail(e.clone());
         }
@@ -1493,8 +1454,16 @@ fn check_file(
     Ok(())
 }
 
-/// Create a file of the staged tree: read-only, and never over an existing one.
-fn create_staged(dst: &Path) -> Result<std::fs::File> {
+/// Create a file of the staged tree: read-only, and never over an existing one. `in_place`:
+/// open the placed placeholder instead (never a new name, never through a link).
+fn create_staged(dst: &Path, in_place: bool) -> Result<std::fs::File> {
+    if in_place {
+        return std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(dst)
+            .ctx("open", dst);
+    }
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -1503,21 +1472,14 @@ fn create_staged(dst: &Path) -> Result<std::fs::File> {
         .ctx("create", dst)
 }
 
-/// The file to write `dst`'s bytes into: `dst` itself, or with `fill` a new file in its
-/// staging dir (then [`Fill::place`]d over `dst` once verified).
-fn open_out(dst: &Path, fill: Option<&Fill>) -> Result<(std::fs::File, Option<PathBuf>)> {
-    match fill {
-        Some(fill) => fill.create().map(|(f, tmp)| (f, Some(tmp))),
-        None => create_staged(dst).map(|f| (f, None)),
+/// A filled placeholder becomes read-only like every stored file (a staged file is created so).
+fn seal(out: &std::fs::File, dst: &Path, in_place: bool) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if in_place {
+        out.set_permissions(std::fs::Permissions::from_mode(0o444))
+            .ctx("chmod", dst)?;
     }
-}
-
-/// The verified file is in place (renamed over its placeholder, if it was filled).
-fn put_in_place(fill: Option<&Fill>, tmp: Option<PathBuf>, dst: &Path) -> Result<()> {
-    match (fill, tmp) {
-        (Some(fill), Some(tmp)) => fill.place(&tmp, dst),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// Read the archive's entries in order and check each against the index (listed, a regular
@@ -1527,7 +1489,7 @@ fn parse_entries<'a>(
     pkg: &'a Package,
     reader: impl Read,
     tree: &Path,
-    fill: Option<&Fill>,
+    in_place: bool,
     queue: &Queue<'a>,
     on_verified: Option<&FileHook>,
 ) -> Result<HashSet<&'a str>> {
@@ -1568,7 +1530,7 @@ fn parse_entries<'a>(
         }
         let dst = tree.join(key);
         if let Some(dir) = dst.parent() {
-            if fill.is_none() && !dirs.contains(dir) {
+            if !in_place && !dirs.contains(dir) {
                 std::fs::create_dir_all(dir).ctx("create dir", dir)?;
                 dirs.insert(dir.to_owned());
             }
@@ -1587,7 +1549,7 @@ fn parse_entries<'a>(
                 &mut entry,
                 key,
                 (sha, size),
-                (&dst, fill),
+                (&dst, in_place),
                 on_verified,
                 too_long,
             )?;
@@ -1626,11 +1588,11 @@ fn stream_file(
     entry: &mut impl Read,
     path: &str,
     (sha, size): (&str, u64),
-    (dst, fill): (&Path, Option<&Fill>),
+    (dst, in_place): (&Path, bool),
     on_verified: Option<&FileHook>,
     too_long: impl Fn() -> FetchError,
 ) -> Result<()> {
-    let (mut out, tmp) = open_out(dst, fill)?;
+    let mut out = create_staged(dst, in_place)?;
     let mut hasher = Sha256::new();
     // Pieces the size of write_job's, for the same reason.
     let mut buf = vec![0u8; 64 << 10];
@@ -1648,8 +1610,8 @@ fn stream_file(
         out.write_all(&buf[..k]).ctx("write", dst)?;
     }
     check_file(pkg, path, (sha, size), &hex::encode(hasher.finalize()), n)?;
+    seal(&out, dst, in_place)?;
     drop(out);
-    put_in_place(fill, tmp, dst)?;
     if let Some(hook) = on_verified {
         hook(sha, dst);
     }
@@ -1672,10 +1634,10 @@ struct Job<'a> {
 fn write_job(
     pkg: &Package,
     job: &Job,
-    fill: Option<&Fill>,
+    in_place: bool,
     on_verified: Option<&FileHook>,
 ) -> Result<()> {
-    let (mut out, tmp) = open_out(&job.dst, fill)?;
+    let mut out = create_staged(&job.dst, in_place)?;
     let mut hasher = Sha256::new();
     for piece in job.data.chunks(64 << 10) {
         hasher.update(piece);
@@ -1689,8 +1651,8 @@ fn write_job(
         &got,
         job.data.len() as u64,
     )?;
+    seal(&out, &job.dst, in_place)?;
     drop(out);
-    put_in_place(fill, tmp, &job.dst)?;
     if let Some(hook) = on_verified {
         hook(job.sha, &job.dst);
     }
@@ -2378,8 +2340,6 @@ mod tests {
         lib: PathBuf,
         /// At `placed`: every file under the lib dir with its size and mode.
         placed: Mutex<Vec<(String, u64, u32)>>,
-        /// At `placed`: the inodes of those files.
-        placed_inodes: Mutex<HashSet<u64>>,
         /// At each announcement: the lib path, its bytes' sha256, its mode.
         verified: Mutex<Vec<(String, String, u32)>>,
         ended: Mutex<Vec<std::result::Result<(), String>>>,
@@ -2397,7 +2357,6 @@ mod tests {
                     } else {
                         let rel = e.path().strip_prefix(&self.lib).unwrap().to_owned();
                         files.push((rel.display().to_string(), m.len(), m.mode() & 0o777));
-                        lock(&self.placed_inodes).insert(m.ino());
                     }
                 }
             }
@@ -2441,15 +2400,10 @@ mod tests {
         let mut listed: Vec<(String, u64, u32)> = pkg
             .files
             .iter()
-            .map(|f| (f.path.clone(), 0, 0o444))
+            .map(|f| (f.path.clone(), 0, 0o644))
             .collect();
         listed.sort();
         assert_eq!(*lock(&w.placed), listed);
-        assert_eq!(
-            lock(&w.placed_inodes).len(),
-            1,
-            "names only: one placeholder inode"
-        );
         // Announced: each file once, in its place in the lib dir, with its verified bytes.
         let mut verified = lock(&w.verified).clone();
         verified.sort();
