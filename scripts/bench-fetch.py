@@ -16,6 +16,10 @@
              which it is a warm realm
   partial lazy  the same realm served by the lazy backend (--lazy: ext4 image of placeholders,
              files filled on first touch in an earlier run; steady state)
+  cold paced (with --rate MBPS) the cold side with the bucket's answers paced to MBPS
+             megabytes per second by a TCP proxy in front of MinIO, as over a real network
+             where the download, not the machine, is the limit (with --baseline also
+             `cold paced base`)
 
     cargo build --release -p sigma-supervise
     python3 scripts/bench-fetch.py [-n 7] [--wheel numpy.whl --wheel six.whl]
@@ -39,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -56,6 +61,50 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def paced_proxy(upstream_port: int, mbps: float) -> int:
+    """A TCP proxy on 127.0.0.1 to the upstream port that sends the upstream's answers on at
+    `mbps` megabytes per second per connection (requests go through unpaced). Bytes are
+    forwarded untouched, so signed requests stay valid. Returns its port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    rate = mbps * 1e6
+
+    def pump(src, dst, paced):
+        start, sent = time.perf_counter(), 0
+        try:
+            while True:
+                data = src.recv(64 << 10)
+                if not data:
+                    break
+                dst.sendall(data)
+                if paced:
+                    sent += len(data)
+                    ahead = sent / rate - (time.perf_counter() - start)
+                    if ahead > 0:
+                        time.sleep(ahead)
+        except OSError:
+            pass
+        finally:
+            for s_ in (src, dst):
+                try:
+                    s_.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def serve():
+        while True:
+            client, _ = listener.accept()
+            up = socket.create_connection(("127.0.0.1", upstream_port))
+            for s_ in (client, up):
+                s_.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=pump, args=(client, up, False), daemon=True).start()
+            threading.Thread(target=pump, args=(up, client, True), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1]
 
 
 def run(cmd, env=None, quiet=True) -> float:
@@ -86,6 +135,8 @@ def main() -> None:
                     help="another sigma-supervise build: adds its cold, new-realm, warm and "
                          "partial --lazy runs")
     ap.add_argument("--minio", default=str(ci_cache() / "bin" / "minio"))
+    ap.add_argument("--rate", type=float, default=None, metavar="MBPS",
+                    help="add the cold sides with the bucket paced to MBPS megabytes/s")
     ap.add_argument("--sides", default=None, metavar="NAME,NAME",
                     help="run only these sides (e.g. 'bare,warm,partial lazy'): more rounds of "
                          "the fast ones in the same time")
@@ -129,6 +180,8 @@ def main() -> None:
                    AWS_SECRET_ACCESS_KEY=PASS, AWS_REGION="us-east-1",
                    AWS_EC2_METADATA_DISABLED="true")
         aws.pop("PYTHONPATH", None)
+        paced = (dict(aws, AWS_ENDPOINT_URL=f"http://127.0.0.1:{paced_proxy(port, args.rate)}")
+                 if args.rate else None)
         pydir = str(Path(py).parent)
         aws["PATH"] = pydir + ":" + aws.get("PATH", "")
         run([sup, "publish", "--bucket", "s3://libs", wheel, *needed], env=aws)
@@ -220,6 +273,13 @@ def main() -> None:
                     sides.append(side("partial lazy base", lambda: run(
                         supervised(partial_lazy_base, "s3://libs2", lazy=True, partial=True,
                                    binary=args.baseline), env=aws)))
+            if paced:
+                sides.append(side("cold paced", lambda: run(
+                    supervised(work / f"paced-cache-{i}"), env=paced)))
+                if args.baseline:
+                    sides.append(side("cold paced base", lambda: run(
+                        supervised(work / f"paced-base-cache-{i}", binary=args.baseline),
+                        env=paced)))
             if args.sides:
                 wanted = {w.strip() for w in args.sides.split(",")}
                 sides = [sd for sd in sides if sd[0] in wanted]
@@ -239,7 +299,8 @@ def main() -> None:
                  ("partial lazy", "bare", 1.10), ("cold", "cold base", None),
                  ("new realm", "new realm base", None), ("new realm base", "bare", None),
                  ("warm base", "bare", None), ("partial lazy base", "bare", None),
-                 ("partial lazy", "partial lazy base", None)]
+                 ("partial lazy", "partial lazy base", None),
+                 ("cold paced", "cold paced base", None), ("cold paced", "uv cold", None)]
         for a_, b_, goal in goals:
             if a_ in med and b_ in med:
                 g = f" (goal <= {goal})" if goal else ""
