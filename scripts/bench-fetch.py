@@ -36,6 +36,7 @@ ${SIGMA_CACHE}/bin/minio (scripts/minio.sh install); uv from PATH (`pip install 
 import argparse
 import glob
 import os
+import resource
 import shlex
 import shutil
 import socket
@@ -105,6 +106,12 @@ def paced_proxy(upstream_port: int, mbps: float) -> int:
 
     threading.Thread(target=serve, daemon=True).start()
     return listener.getsockname()[1]
+
+
+def cpu_used() -> float:
+    """User + system seconds of every child reaped so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def run(cmd, env=None, quiet=True) -> float:
@@ -236,6 +243,7 @@ def main() -> None:
         # deleted pays for skipping the recently freed inodes, which would charge one side for
         # another's cleanup.
         times: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
 
         def side(name, fn):
             return name, fn
@@ -285,7 +293,9 @@ def main() -> None:
                 sides = [sd for sd in sides if sd[0] in wanted]
             k = i % len(sides)
             for name, fn in sides[k:] + sides[:k]:
+                before = cpu_used()
                 times.setdefault(name, []).append(fn())
+                cpu.setdefault(name, []).append(cpu_used() - before)
 
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"wheels {', '.join(Path(w).name for w in [wheel, *needed, *wheels[1:]])}; "
@@ -293,7 +303,8 @@ def main() -> None:
               f"rotating order; python {py}; {subprocess.run([args.uv, '--version'], capture_output=True, text=True).stdout.strip()}")
         for name, v in times.items():
             print(f"  {name:17} median {med[name] * 1e3:8.1f} ms  "
-                  f"(min {min(v) * 1e3:.1f}, max {max(v) * 1e3:.1f})")
+                  f"(min {min(v) * 1e3:.1f}, max {max(v) * 1e3:.1f}; "
+                  f"cpu {statistics.median(cpu[name]) * 1e3:.1f} ms)")
         goals = [("cold", "uv cold", 0.5), ("cold", "uv warm", None), ("cold", "pip", None),
                  ("new realm", "bare", 1.2), ("warm", "bare", 1.05), ("partial", "bare", 1.10),
                  ("partial lazy", "bare", 1.10), ("cold", "cold base", None),
