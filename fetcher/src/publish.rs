@@ -407,16 +407,15 @@ fn trace_imports(
         let mut args: Vec<OsString> = ["-I", "-c", TRACE_SCRIPT].map(OsString::from).to_vec();
         args.push(site.clone().into_os_string());
         args.extend(modules);
-        let out = (runner.0)(python, tmp.path(), &args)
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-            .map_err(|e| FetchError::Command {
+        let mut cmd = (runner.0)(python, tmp.path(), &args);
+        let out = run_bounded(&mut cmd, TRACE_TIMEOUT, TRACE_OUTPUT).map_err(|e| {
+            FetchError::Command {
                 command: format!("{} (import trace of {})", python.display(), d.name),
                 cause: e.to_string(),
-            })?;
+            }
+        })?;
         // The loader stats a module's source before it reads the bytecode: the source first.
-        let own: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        let own: Vec<String> = String::from_utf8_lossy(&out)
             .lines()
             .flat_map(|p| [source_of_pyc(p), Some(p.to_owned())])
             .flatten()
@@ -428,6 +427,53 @@ fn trace_imports(
         }
     }
     Ok(traces)
+}
+
+/// How long one import trace may run: a package whose import blocks is traced up to here.
+const TRACE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Bytes of an import trace's output read at most (the rest is dropped).
+const TRACE_OUTPUT: u64 = 16 << 20;
+
+/// Run `cmd` (stdin closed, stderr dropped) and return at most `cap` bytes of its stdout; a
+/// run past `timeout` is killed and what it printed so far is returned.
+fn run_bounded(
+    cmd: &mut std::process::Command,
+    timeout: std::time::Duration,
+    cap: u64,
+) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        if let Some(s) = stdout {
+            let mut s = s.take(cap);
+            let _ = s.read_to_end(&mut out);
+            // Whatever is left is drained, so the writer never blocks on a full pipe.
+            let _ = std::io::copy(s.get_mut(), &mut std::io::sink());
+        }
+        out
+    });
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if child.try_wait()?.is_some() {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    reader
+        .join()
+        .map_err(|_| std::io::Error::other("the trace's reader stopped"))
 }
 
 /// `dir/m.py` for `dir/__pycache__/m.TAG.pyc`.
@@ -647,4 +693,44 @@ pub async fn publish_with(
     report.index_packages = index.packages().len();
     store.put(INDEX_KEY, Bytes::from(json)).await?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_trace_that_blocks_or_floods_is_cut_off() {
+        let t = Instant::now();
+        let out = run_bounded(
+            std::process::Command::new("sh").args(["-c", "echo traced; exec sleep 30"]),
+            Duration::from_millis(300),
+            1 << 20,
+        )
+        .unwrap();
+        assert_eq!(out, b"traced\n");
+        assert!(t.elapsed() < Duration::from_secs(10), "killed at the bound");
+        let out = run_bounded(
+            std::process::Command::new("sh").args(["-c", "head -c 5000000 /dev/zero"]),
+            Duration::from_secs(20),
+            1000,
+        )
+        .unwrap();
+        assert_eq!(out.len(), 1000, "at most the cap is kept");
+    }
+
+    #[test]
+    fn the_source_of_a_bytecode_file() {
+        assert_eq!(
+            source_of_pyc("numpy/_core/__pycache__/multiarray.cpython-311.pyc").as_deref(),
+            Some("numpy/_core/multiarray.py")
+        );
+        assert_eq!(
+            source_of_pyc("__pycache__/six.cpython-311.pyc").as_deref(),
+            Some("six.py")
+        );
+        assert_eq!(source_of_pyc("numpy/__init__.py"), None);
+        assert_eq!(source_of_pyc("numpy/x.pyc"), None);
+    }
 }
