@@ -251,8 +251,11 @@ fn wheels_in(dir: &Path) -> Result<Vec<Distribution>> {
 }
 
 /// Compile every module in the directory given as argv[1]; print the interpreter's cache tag.
+/// Compiled with a fixed `ddir`: the path each code object records is then the same whatever
+/// temporary directory it was compiled in, so publishing a package twice makes the same
+/// archive (the interpreter sets the real path when it loads the bytecode).
 const COMPILE_SCRIPT: &str = "import compileall, py_compile, sys\n\
-compileall.compile_dir(sys.argv[1], quiet=2, workers=0, \
+compileall.compile_dir(sys.argv[1], ddir='/sigma/lib', quiet=2, workers=0, \
 invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n\
 print(sys.implementation.cache_tag)\n";
 

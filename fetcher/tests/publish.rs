@@ -414,3 +414,30 @@ async fn the_import_trace_puts_what_an_import_reads_first_in_a_frame_of_its_own(
         vec![7u8; 100_000]
     );
 }
+
+#[tokio::test]
+async fn publishing_twice_makes_the_same_archive() {
+    use sigma_fetcher::publish::{publish_with, PublishOptions};
+    use sigma_fetcher::store::memory::MemoryStore;
+    let tmp = tempfile::tempdir().unwrap();
+    let pkg = common::make_pkg(&tmp.path().join("src"), "twice", 5_000);
+    let cfg = FetchConfig::default();
+    let opts = PublishOptions {
+        compile_with: Some("python3".into()),
+        compile_required: true,
+        trace: None,
+    };
+    let mut keys = Vec::new();
+    for _ in 0..2 {
+        let store = MemoryStore::new("t");
+        let r = publish_with(&store, &PublishSource::PackageDir(pkg.clone()), &cfg, &opts)
+            .await
+            .unwrap();
+        assert!(r.packages[0].bytecode.is_some(), "compiled");
+        keys.push(r.packages[0].archive_key.clone());
+    }
+    assert_eq!(
+        keys[0], keys[1],
+        "content-addressed: one object for the same content"
+    );
+}
