@@ -983,16 +983,7 @@ impl RealmCache {
             if downloaded.is_none() {
                 link_tree(&pkg2, &root, &tree)?;
             }
-            write_renamed(
-                &pending,
-                &serde_json::to_vec(&pkg2.top_level).unwrap_or_default(),
-            )?;
-            for entry in &pkg2.top_level {
-                let dst = lib.join(entry);
-                // Only a stale leftover can be here (no marker, lock held): replace it.
-                remove_any(&dst)?;
-                std::fs::rename(tree.join(entry), &dst).ctx("rename into", &dst)?;
-            }
+            move_into_lib(&pkg2, &tree, &lib, &pending)?;
             let m = Marker {
                 package: pkg2.name.clone(),
                 version: pkg2.version.clone(),
@@ -1170,6 +1161,12 @@ fn place_skeleton(pkg: &Package, tree: &Path, lib: &Path, pending: &Path) -> Res
             .map(drop)
             .ctx("create", &dst)
     })?;
+    move_into_lib(pkg, tree, lib, pending)
+}
+
+/// Journal `pkg`'s top-level entries in `pending`, then rename each from `tree` into `lib`
+/// (a killed install's next recovery removes what the journal names).
+fn move_into_lib(pkg: &Package, tree: &Path, lib: &Path, pending: &Path) -> Result<()> {
     write_renamed(
         pending,
         &serde_json::to_vec(&pkg.top_level).unwrap_or_default(),
@@ -2025,21 +2022,22 @@ mod tests {
         assert_eq!(s.cache_hits, 15);
     }
 
+    /// Flip one byte in the middle of `package`'s archive in `store`.
+    async fn corrupt_archive(store: &dyn Store, package: &str) {
+        let cfg = FetchConfig::default();
+        let idx = crate::publish::read_index(store, &cfg).await.unwrap();
+        let key = idx.package(package).unwrap().archive.key.clone();
+        let mut data = get_bytes(store, &key, &cfg).await.unwrap().to_vec();
+        let mid = data.len() / 2;
+        data[mid] ^= 0xff;
+        store.put(&key, data.into()).await.unwrap();
+    }
+
     #[tokio::test]
     async fn corrupted_archive_is_refused_and_nothing_installed() {
         let tmp = tempfile::tempdir().unwrap();
         let store = published(tmp.path()).await;
-        let idx = crate::publish::read_index(store.as_ref(), &FetchConfig::default())
-            .await
-            .unwrap();
-        let key = idx.package("demo").unwrap().archive.key.clone();
-        let mut data = get_bytes(store.as_ref(), &key, &FetchConfig::default())
-            .await
-            .unwrap()
-            .to_vec();
-        let mid = data.len() / 2;
-        data[mid] ^= 0xff;
-        store.put(&key, data.into()).await.unwrap();
+        corrupt_archive(store.as_ref(), "demo").await;
         let cache =
             RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
         let err = cache.ensure("demo").await.unwrap_err();
@@ -2463,19 +2461,9 @@ mod tests {
     async fn a_placed_install_that_fails_takes_its_names_away_again() {
         let tmp = tempfile::tempdir().unwrap();
         let store = published(tmp.path()).await;
-        let cfg = FetchConfig::default();
-        let idx = crate::publish::read_index(store.as_ref(), &cfg)
-            .await
-            .unwrap();
-        let key = idx.package("demo").unwrap().archive.key.clone();
-        let mut data = get_bytes(store.as_ref(), &key, &cfg)
-            .await
-            .unwrap()
-            .to_vec();
-        let mid = data.len() / 2;
-        data[mid] ^= 0xff;
-        store.put(&key, data.into()).await.unwrap();
-        let cache = RealmCache::open(tmp.path().join("c"), "r", store, cfg).unwrap();
+        corrupt_archive(store.as_ref(), "demo").await;
+        let cache =
+            RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
         let w = watched(&cache);
         let err = cache.ensure("demo").await.unwrap_err();
         assert!(matches!(err, FetchError::IntegrityMismatch { .. }), "{err}");

@@ -937,6 +937,38 @@ fn lines_of(out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String>
     rx
 }
 
+/// A cold run of [`READ_BLOB`] against a stalled bucket that has sent half its archive: the
+/// imported files (first in it) are whole, the blob is not.
+struct HalfDelivered {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    fifo: std::fs::File,
+    bucket: String,
+    archive: PathBuf,
+    data: Vec<u8>,
+}
+
+fn half_delivered(tmp: &Path, cache: &Path) -> HalfDelivered {
+    use std::io::Write as _;
+    let (bucket, archive, data) = stalled_bucket(tmp);
+    let mut child = spawn_stalled(&bucket, cache, READ_BLOB);
+    let lines = lines_of(child.stdout.take().unwrap());
+    let mut fifo = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&archive)
+        .unwrap();
+    fifo.write_all(&data[..data.len() / 2]).unwrap();
+    fifo.flush().unwrap();
+    HalfDelivered {
+        child,
+        lines,
+        fifo,
+        bucket,
+        archive,
+        data,
+    }
+}
+
 const READ_BLOB: &str = r#"
 import hashlib, sys
 import demo_s
@@ -954,17 +986,9 @@ except OSError as e:
 fn a_cold_import_runs_while_the_rest_of_its_package_is_still_arriving() {
     use std::io::Write as _;
     let tmp = tempfile::tempdir().unwrap();
-    let (bucket, archive, data) = stalled_bucket(tmp.path());
     let cache = tmp.path().join("cache");
-    let mut child = spawn_stalled(&bucket, &cache, READ_BLOB);
-    let lines = lines_of(child.stdout.take().unwrap());
-    // Half the archive: the imported files (first in it) are whole, the blob is not.
-    let mut fifo = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&archive)
-        .unwrap();
-    fifo.write_all(&data[..data.len() / 2]).unwrap();
-    fifo.flush().unwrap();
+    let half = half_delivered(tmp.path(), &cache);
+    let (mut child, lines, mut fifo, data) = (half.child, half.lines, half.fifo, half.data);
     let first = line_within(&lines);
     let marker = cache.join("realms/r/state/demo-s.installed");
     assert_eq!(first.as_deref(), Some("imported demo_s"));
@@ -996,16 +1020,10 @@ fn a_cold_import_runs_while_the_rest_of_its_package_is_still_arriving() {
 fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_next_run_completes() {
     use std::io::Write as _;
     let tmp = tempfile::tempdir().unwrap();
-    let (bucket, archive, data) = stalled_bucket(tmp.path());
     let cache = tmp.path().join("cache");
-    let mut child = spawn_stalled(&bucket, &cache, READ_BLOB);
-    let lines = lines_of(child.stdout.take().unwrap());
-    let mut fifo = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&archive)
-        .unwrap();
-    fifo.write_all(&data[..data.len() / 2]).unwrap();
-    fifo.flush().unwrap();
+    let half = half_delivered(tmp.path(), &cache);
+    let (mut child, lines, fifo) = (half.child, half.lines, half.fifo);
+    let (bucket, archive, data) = (half.bucket, half.archive, half.data);
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
     // The blob's reader is blocked on the supervisor when it is killed.
     child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
