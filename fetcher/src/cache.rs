@@ -951,20 +951,20 @@ impl RealmCache {
 
     async fn install_staged(&self, pkg: &Package, stage: &Path) -> Result<Option<u64>> {
         self.stamp_unsynced()?;
+        // One stat per file of the package: asked once.
+        let stored = self.in_store(pkg);
         let placement = lock(&self.placement).clone();
-        if !self.in_store(pkg) {
-            if let Some(placement) = placement {
-                let result = self.install_in_place(pkg, stage, &placement).await;
-                if result.is_err() {
-                    // What was placed goes again (the journal names it); a failure here is
-                    // cleaned by the next install's own recovery.
-                    let _ = self.recover(&pkg.name);
-                }
-                return result;
+        if let (false, Some(placement)) = (stored, placement) {
+            let result = self.install_in_place(pkg, stage, &placement).await;
+            if result.is_err() {
+                // What was placed goes again (the journal names it); a failure here is
+                // cleaned by the next install's own recovery.
+                let _ = self.recover(&pkg.name);
             }
+            return result;
         }
         let mut downloaded = None;
-        if !self.in_store(pkg) {
+        if !stored {
             downloaded = Some(self.fetch_unpacked(pkg, stage.join("tree")).await?);
             self.counters
                 .packages_fetched
