@@ -984,15 +984,7 @@ impl RealmCache {
                 link_tree(&pkg2, &root, &tree)?;
             }
             move_into_lib(&pkg2, &tree, &lib, &pending)?;
-            let m = Marker {
-                package: pkg2.name.clone(),
-                version: pkg2.version.clone(),
-                archive_sha256: pkg2.archive.sha256.clone(),
-                entries: pkg2.top_level.clone(),
-            };
-            write_renamed(&marker, &serde_json::to_vec_pretty(&m).unwrap_or_default())?;
-            std::fs::remove_file(&pending).ctx("remove", &pending)?;
-            Ok::<_, FetchError>(())
+            mark_installed(&pkg2, &marker, &pending)
         })
         .await
         .map_err(|e| FetchError::invalid("install", e))??;
@@ -1019,18 +1011,11 @@ impl RealmCache {
         self.counters
             .packages_fetched
             .fetch_add(1, Ordering::Relaxed);
-        let m = Marker {
-            package: pkg.name.clone(),
-            version: pkg.version.clone(),
-            archive_sha256: pkg.archive.sha256.clone(),
-            entries: pkg.top_level.clone(),
-        };
-        write_renamed(
+        mark_installed(
+            pkg,
             &self.marker_path(&pkg.name),
-            &serde_json::to_vec_pretty(&m).unwrap_or_default(),
+            &self.pending_path(&pkg.name),
         )?;
-        let pending = self.pending_path(&pkg.name);
-        std::fs::remove_file(&pending).ctx("remove", &pending)?;
         Ok(Some(n))
     }
 
@@ -1162,6 +1147,18 @@ fn place_skeleton(pkg: &Package, tree: &Path, lib: &Path, pending: &Path) -> Res
             .ctx("create", &dst)
     })?;
     move_into_lib(pkg, tree, lib, pending)
+}
+
+/// `pkg` is complete in the lib dir: write its marker, then drop the journal of its entries.
+fn mark_installed(pkg: &Package, marker: &Path, pending: &Path) -> Result<()> {
+    let m = Marker {
+        package: pkg.name.clone(),
+        version: pkg.version.clone(),
+        archive_sha256: pkg.archive.sha256.clone(),
+        entries: pkg.top_level.clone(),
+    };
+    write_renamed(marker, &serde_json::to_vec_pretty(&m).unwrap_or_default())?;
+    std::fs::remove_file(pending).ctx("remove", pending)
 }
 
 /// Journal `pkg`'s top-level entries in `pending`, then rename each from `tree` into `lib`
