@@ -3,6 +3,7 @@
 //! ```text
 //! <root>/cas/<sha256>                         every verified file, read-only, stored once
 //! <root>/trees/<archive-sha256>/<entries>     one package's tree, shared by realms (links)
+//! <root>/locks/<archive-sha256>.lock          flock: one download of an archive per machine
 //! <root>/unsynced                             boot id under which unflushed installs happened
 //! <root>/realms/<realm>/lib/<entries>         what the target sees (hard links into cas/)
 //! <root>/realms/<realm>/index.json            the realm's snapshot of the bucket index
@@ -408,6 +409,8 @@ pub struct RealmCache {
     hook: Mutex<Option<Arc<FileHook>>>,
     /// See [`RealmCache::set_placement`].
     placement: Mutex<Option<Arc<dyn Placement>>>,
+    /// See [`RealmCache::set_delegate`].
+    delegate: Mutex<Option<Arc<dyn Delegate>>>,
     counters: Counters,
 }
 
@@ -597,6 +600,7 @@ impl RealmCache {
         let lib = realm_dir.join("lib");
         for d in [
             root.join("cas"),
+            root.join("locks"),
             lib.clone(),
             realm_dir.join("state"),
             realm_dir.join("staging"),
@@ -617,6 +621,7 @@ impl RealmCache {
             stamped: AtomicBool::new(false),
             hook: Mutex::new(None),
             placement: Mutex::new(None),
+            delegate: Mutex::new(None),
             counters: Counters::default(),
         };
         recover_after_crash(&cache.root)?;
@@ -746,14 +751,14 @@ impl RealmCache {
             .realm_dir
             .join("state")
             .join(format!("{}.lock", pkg.name));
-        let _flock = flock(&lock_path).await?;
+        let flock = flock(&lock_path).await?;
         if self.marker_path(&pkg.name).exists() {
             lock(&self.installed).insert(pkg.name.clone());
             return Ok(hit(self));
         }
         let start = Instant::now();
         let placement = lock(&self.placement).clone();
-        let bytes = match self.install(pkg).await {
+        let (bytes, delegated) = match self.install_or_delegate(pkg, flock).await {
             Ok(b) => b,
             Err(e) => {
                 lock(&self.failures).insert(pkg.name.clone(), (Instant::now(), e.clone()));
@@ -774,8 +779,9 @@ impl RealmCache {
             p.ended(pkg, Ok(()));
         }
         // The package's shared tree, for realms that meet it later (off the reader's path; a
-        // supervisor that exits first leaves a temporary the next builder sweeps).
-        if !tree_dir(&self.root, &pkg.archive.sha256).is_dir() {
+        // supervisor that exits first leaves a temporary the next builder sweeps). A delegated
+        // install's process builds it itself.
+        if !delegated && !tree_dir(&self.root, &pkg.archive.sha256).is_dir() {
             let (root, pkg) = (self.root.clone(), pkg.clone());
             tokio::task::spawn_blocking(move || {
                 if let Err(e) = ensure_tree(&root, &pkg) {
@@ -860,6 +866,34 @@ impl RealmCache {
         *lock(&self.placement) = Some(placement);
     }
 
+    /// Run downloads that stream into the lib dir (a [`Placement`] is set) in another process
+    /// (see [`Delegate`]): an install then outlives this process, and this process's exit
+    /// never waits for the rest of a package its target did not need.
+    pub fn set_delegate(&self, delegate: Arc<dyn Delegate>) {
+        *lock(&self.delegate) = Some(delegate);
+    }
+
+    /// The delegate's side of [`Delegate::install`]: install `pkg` here, its lock held by the
+    /// process that delegated it (and handed to this one). Streams into the lib dir when a
+    /// placement is set. Returns the bytes downloaded (0: installed already, or every file
+    /// was in the store).
+    pub async fn fill(&self, pkg: &Package) -> Result<u64> {
+        if self.marker_path(&pkg.name).exists() {
+            return Ok(0);
+        }
+        let stored = self.in_store(pkg);
+        let n = self.install(pkg, stored).await?;
+        self.counters
+            .packages_installed
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(n.unwrap_or(0))
+    }
+
+    /// Build `pkg`'s shared tree if it has none yet (see [`ensure_tree`]).
+    pub fn share_tree(&self, pkg: &Package) -> Result<Option<PathBuf>> {
+        ensure_tree(&self.root, pkg)
+    }
+
     /// Record that this boot has unflushed installs under the root (flushed once per boot).
     fn stamp_unsynced(&self) -> Result<()> {
         if self.stamped.load(Ordering::Relaxed) {
@@ -932,10 +966,77 @@ impl RealmCache {
         Ok(())
     }
 
-    /// Install `pkg` (package lock held). Returns the bytes downloaded, or `None` if every file
-    /// was already in the CAS.
-    async fn install(&self, pkg: &Package) -> Result<Option<u64>> {
+    /// Install `pkg` with its lock `held`: in another process when a [`Delegate`] is set and
+    /// the install downloads and streams (then the lock goes with it, see [`Delegate`]), else
+    /// here. Returns the bytes downloaded (`None`: every file was already in the CAS) and
+    /// whether the install was delegated.
+    async fn install_or_delegate(
+        &self,
+        pkg: &Package,
+        held: nix::fcntl::Flock<std::fs::File>,
+    ) -> Result<(Option<u64>, bool)> {
+        // One stat per file of the package: asked once.
+        let stored = self.in_store(pkg);
+        let placement = lock(&self.placement).clone();
+        let delegate = lock(&self.delegate).clone();
+        let (Some(placement), Some(delegate), false) = (placement, delegate, stored) else {
+            return self.install(pkg, stored).await.map(|n| (n, false));
+        };
+        let (pkg2, hook) = (pkg.clone(), self.hook());
+        // Counted as this process's download from the start: it may end after this process.
+        let c = &self.counters;
+        c.gets.fetch_add(1, Ordering::Relaxed);
+        c.packages_fetched.fetch_add(1, Ordering::Relaxed);
+        // The lock is moved into the blocking task: whatever becomes of this future, it is
+        // held until the delegate's process is done with the install.
+        let (got, held) = tokio::task::spawn_blocking(move || {
+            let got = delegate.install(&pkg2, &held, &placement, hook.as_ref());
+            (got, held)
+        })
+        .await
+        .map_err(|e| FetchError::invalid("delegate", e))?;
+        // Not downloaded after all: failed, not started, or linked from the store (another
+        // realm's download of the archive ended first).
+        if !matches!(got, Some(Ok(n)) if n > 0) {
+            c.gets.fetch_sub(1, Ordering::Relaxed);
+            c.packages_fetched.fetch_sub(1, Ordering::Relaxed);
+        }
+        match got {
+            Some(Ok(n)) => {
+                c.bytes_fetched.fetch_add(n, Ordering::Relaxed);
+                Ok((Some(n), true))
+            }
+            Some(Err(e)) => {
+                // The process is gone; what it placed goes (the journal names it) while the
+                // lock is still held.
+                let _ = self.recover(&pkg.name);
+                drop(held);
+                Err(e)
+            }
+            None => self.install(pkg, stored).await.map(|n| (n, false)),
+        }
+    }
+
+    /// Install `pkg` in this process (package lock held; `stored`: every file is in the CAS).
+    /// Returns the bytes downloaded, or `None` if every file was already in the CAS.
+    async fn install(&self, pkg: &Package, mut stored: bool) -> Result<Option<u64>> {
         self.recover(&pkg.name)?;
+        // One download of an archive machine-wide, whichever realms want it at once: the
+        // archive's own lock (taken under the package's, never the other way round). Whoever
+        // waited for it finds the content stored and only links.
+        let _archive = if stored {
+            None
+        } else {
+            let path = self
+                .root
+                .join("locks")
+                .join(format!("{}.lock", pkg.archive.sha256));
+            let (held, waited) = flock_archive(&path).await?;
+            if waited {
+                stored = self.in_store(pkg);
+            }
+            Some(held)
+        };
         let stage = self.realm_dir.join("staging").join(format!(
             "{}.{}.{:08x}",
             pkg.name,
@@ -943,16 +1044,19 @@ impl RealmCache {
             fastrand::u32(..)
         ));
         std::fs::create_dir(&stage).ctx("create dir", &stage)?;
-        let result = self.install_staged(pkg, &stage).await;
+        let result = self.install_staged(pkg, &stage, stored).await;
         // Staging is private to this install; whatever happened, it goes.
         let _ = remove_any(&stage);
         result
     }
 
-    async fn install_staged(&self, pkg: &Package, stage: &Path) -> Result<Option<u64>> {
+    async fn install_staged(
+        &self,
+        pkg: &Package,
+        stage: &Path,
+        stored: bool,
+    ) -> Result<Option<u64>> {
         self.stamp_unsynced()?;
-        // One stat per file of the package: asked once.
-        let stored = self.in_store(pkg);
         let placement = lock(&self.placement).clone();
         if let (false, Some(placement)) = (stored, placement) {
             let result = self.install_in_place(pkg, stage, &placement).await;
@@ -1125,6 +1229,31 @@ pub trait Placement: Send + Sync {
     fn ended(&self, pkg: &Package, result: std::result::Result<(), &FetchError>);
 }
 
+/// Runs a package's streaming download in another process ([`RealmCache::set_delegate`]),
+/// so that it outlives the process that asked for it: a supervisor whose target needed only a
+/// package's first files exits when the target does, and the rest arrives all the same.
+pub trait Delegate: Send + Sync {
+    /// Blocking. Start a process that installs `pkg` (its archive is not in the store) into
+    /// this realm's lib dir exactly as [`RealmCache::fill`] does, handing it `lock`: the
+    /// package's lock file, locked by the caller. The lock is one open file shared by both,
+    /// so it holds until both have closed it, and the caller keeps it until this returns.
+    /// Report what the process says as it goes: the skeleton placed to `placement`
+    /// ([`Placement::placed`], never `ended`) and each verified file to `hook`, with its
+    /// lib-dir path.
+    ///
+    /// `Some(Ok(bytes))` once the package is installed (marker written; the process may go on
+    /// to build the package's shared tree); `Some(Err(..))` when the install failed or the
+    /// process ended without saying (it is gone then); `None` when no process could be
+    /// started (the caller installs itself).
+    fn install(
+        &self,
+        pkg: &Package,
+        lock: &std::fs::File,
+        placement: &Arc<dyn Placement>,
+        hook: Option<&Arc<FileHook>>,
+    ) -> Option<Result<u64>>;
+}
+
 /// Where an install that streams into the lib dir places its skeleton.
 struct Place {
     lib: PathBuf,
@@ -1275,6 +1404,22 @@ async fn flock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
     tokio::task::spawn_blocking(move || flock_blocking(&path))
         .await
         .map_err(|e| FetchError::invalid("flock", e))?
+}
+
+/// Take the lock of an archive: at once if free, else waiting for it (in a worker thread).
+/// Returns the lock and whether it had to be waited for.
+async fn flock_archive(path: &Path) -> Result<(nix::fcntl::Flock<std::fs::File>, bool)> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .ctx("open lock", path)?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(held) => Ok((held, false)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => flock(path).await.map(|held| (held, true)),
+        Err((_, errno)) => Err(FetchError::io("flock", path, errno.into())),
+    }
 }
 
 /// Take an exclusive lock on the file `path` (created if missing), waiting for it.

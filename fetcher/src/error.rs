@@ -67,6 +67,11 @@ pub enum FetchError {
     /// An external command (pip) failed.
     #[error("{command} failed: {cause}")]
     Command { command: String, cause: String },
+
+    /// An install run by another process ([`crate::Delegate`]) failed: its message, and
+    /// whether it was "not there".
+    #[error("{message}")]
+    Delegated { message: String, not_found: bool },
 }
 
 impl FetchError {
@@ -91,6 +96,10 @@ impl FetchError {
             FetchError::NotFound { .. }
                 | FetchError::BucketNotFound { .. }
                 | FetchError::NoSuchPackage { .. }
+                | FetchError::Delegated {
+                    not_found: true,
+                    ..
+                }
         )
     }
 

@@ -22,8 +22,8 @@ pub mod store;
 mod wheel;
 
 pub use cache::{
-    default_cache_root, realm_complete, realm_trees, realm_trees_of, CacheStats, EnsureOutcome,
-    Placement, RealmCache, TreeEntry, TreeView,
+    default_cache_root, realm_complete, realm_trees, realm_trees_of, CacheStats, Delegate,
+    EnsureOutcome, FileHook, Placement, RealmCache, TreeEntry, TreeView,
 };
 pub use config::FetchConfig;
 pub use error::{FetchError, Result};

@@ -9,6 +9,7 @@
 
 mod compiled;
 mod container;
+mod fill;
 mod handlers;
 mod lazyfs;
 mod policy;
@@ -182,6 +183,9 @@ fn main() -> ExitCode {
     if std::env::args_os().next().as_deref() == Some(lazyfs::HOLDER_ARG0.as_ref()) {
         lazyfs::hold()
     }
+    if std::env::args_os().next().as_deref() == Some(fill::FILL_ARG0.as_ref()) {
+        fill::main()
+    }
     jail::mark("main");
     let cli = Cli::parse();
     jail::mark("clap");
@@ -227,6 +231,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     let mut lazy = None;
     if let Some(r) = &mut realm {
         r.compile_with = realm::python_of(&program);
+        // A jailed run waits for its init alone, so a fill process outliving it is no leftover.
+        r.delegate = !cli.jail.no_jail;
         if r.compile_with.is_some() {
             r.prefetch = realm::imports_of(&cli.command);
         }

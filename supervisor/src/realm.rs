@@ -102,6 +102,8 @@ pub struct RealmPlan {
     realm_dir: PathBuf,
     /// The bucket's index could not be had before the start ([`tree_view`](Self::tree_view)).
     unreachable: Option<FetchError>,
+    /// Run streaming downloads in fill processes that outlive the run ([`crate::fill`]).
+    pub delegate: bool,
 }
 
 impl RealmPlan {
@@ -151,6 +153,7 @@ impl RealmPlan {
             lib,
             realm_dir,
             unreachable: None,
+            delegate: false,
         }))
     }
 
@@ -441,6 +444,21 @@ impl RealmPlan {
         if let Some(streams) = streams {
             // Before any install starts (the prefetch below), so every download streams.
             streams.attach(&cache);
+            if self.delegate {
+                let weak = Arc::downgrade(streams);
+                cache.set_delegate(Arc::new(crate::fill::FillProcs {
+                    root: self.root.clone(),
+                    realm: self.opts.realm.clone(),
+                    bucket: self.bucket.clone(),
+                    timeout: Duration::from_secs_f64(self.opts.fetch_timeout),
+                    lib: self.lib.clone(),
+                    started: Box::new(move |pkg| {
+                        if let Some(streams) = weak.upgrade() {
+                            lock(&streams.get_or_insert(&pkg.name).state).delegated = true;
+                        }
+                    }),
+                }));
+            }
         }
         let reported = Arc::new(Mutex::new(HashSet::new()));
         // The lazy backend needs no index up front (its image map names every file): the
@@ -747,6 +765,8 @@ struct StreamState {
     done: Option<Result<(), Errno>>,
     /// An ensure of the package was started for this stream's waiters.
     started: bool,
+    /// The download runs in a fill process, which completes it whether or not this run lasts.
+    delegated: bool,
 }
 
 impl StreamState {
@@ -778,14 +798,15 @@ impl Streams {
         }));
     }
 
-    /// Wait, at most `bound`, until no install placed in the lib dir is under way.
+    /// Wait, at most `bound`, until no install this process placed in the lib dir is under
+    /// way (a fill process's install goes on without this run).
     fn wait_placed(&self, bound: Duration) {
         let deadline = Instant::now() + bound;
         let mut map = lock(&self.by_pkg);
         loop {
             let busy = map.values().any(|st| {
                 let s = lock(&st.state);
-                s.pending.is_some() && s.done.is_none()
+                s.pending.is_some() && s.done.is_none() && !s.delegated
             });
             let left = deadline.saturating_duration_since(Instant::now());
             if !busy || left.is_zero() {
@@ -797,6 +818,17 @@ impl Streams {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    /// Installs left to fill processes that have not ended yet.
+    fn arriving(&self) -> usize {
+        lock(&self.by_pkg)
+            .values()
+            .filter(|st| {
+                let s = lock(&st.state);
+                s.delegated && s.done.is_none()
+            })
+            .count()
     }
 
     fn get(&self, pkg: &str) -> Option<Arc<Stream>> {
@@ -1131,7 +1163,8 @@ impl Resolver for RealmResolver {
         Some(format!(
             "sigma-supervise realm {} ({}): backend notification: fetched {} packages, {} bytes, \
              {} GETs; installed {}; cache hits {}; fetch time {:.3} ms; streamed {} files, \
-             {} calls served before their package was complete\n",
+             {} calls served before their package was complete; {} packages still arriving \
+             (left to their fill processes)\n",
             self.sh.realm,
             self.sh.bucket,
             s.packages_fetched,
@@ -1141,7 +1174,8 @@ impl Resolver for RealmResolver {
             s.cache_hits + self.inline_hits.load(Ordering::Relaxed),
             s.fetch_time.as_secs_f64() * 1e3,
             self.streams.files.load(Ordering::Relaxed),
-            self.streamed_hits.load(Ordering::Relaxed)
+            self.streamed_hits.load(Ordering::Relaxed),
+            self.streams.arriving()
         ))
     }
 }

@@ -5,7 +5,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 // The fetcher's MinIO/wheel/package harness, shared rather than copied (it names the crate
 // `sigma_fetcher`; here the dependency is called `fetcher`).
@@ -673,6 +673,54 @@ fn minio_sixteen_supervisors_one_download() {
     assert_eq!(total, 1, "exactly one download across 16 supervisors");
 }
 
+#[test]
+fn realms_starting_together_download_an_archive_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pkg = common::make_pkg(&tmp.path().join("src"), "together", 8 << 20);
+    let bucket_dir = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket_dir).unwrap();
+    let bucket = format!("file://{}", bucket_dir.display());
+    publish(&bucket, &[], &[&pkg]);
+    let cache = tmp.path().join("cache");
+    let code = "import together, os; print(os.path.getsize(together.__path__[0] + '/blob.bin'))";
+    let names = ["a", "b", "c", "d"];
+    let children: Vec<_> = names
+        .iter()
+        .map(|name| {
+            Realm {
+                name,
+                bucket: &bucket,
+                cache: &cache,
+                env: vec![],
+            }
+            .cmd(code)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let mut total = 0;
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        show(&o);
+        assert_eq!(o.status.code(), Some(0));
+        assert_eq!(stdout(&o), format!("{}\n", 8 << 20));
+        total += fetched(&o);
+    }
+    settled(&cache);
+    assert_eq!(total, 1, "one download across four realms");
+    // Each realm has the package, and every copy is the one stored file.
+    let inodes: std::collections::HashSet<u64> = names
+        .iter()
+        .map(|n| {
+            let f = cache.join(format!("realms/{n}/lib/together/blob.bin"));
+            std::fs::metadata(f).unwrap().ino()
+        })
+        .collect();
+    assert_eq!(inodes.len(), 1, "the realms share the stored file");
+}
+
 /// sha256 of a file, as the target computes it (hashlib), from a bare interpreter.
 fn sha256_of(path: &Path) -> String {
     let o = Command::new("python3")
@@ -751,6 +799,7 @@ fn kill_9_during_a_cold_import_never_gives_wrong_bytes_and_the_next_run_complete
                 std::fs::read(pkg.join(f)).unwrap()
             );
         }
+        settled(&cache);
         assert!(
             listdir(&cache.join("realms/r/staging")).is_empty(),
             "staging left after the next run"
@@ -919,6 +968,39 @@ fn spawn_stalled(bucket: &str, cache: &Path, code: &str) -> std::process::Child 
         .expect("run sigma-supervise")
 }
 
+/// Pids of the fill processes installing into the cache root `cache` (argv: the fill
+/// process's name, then the root).
+fn fills_of(cache: &Path) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let mut args = cmdline.split(|b| *b == 0);
+        if args.next() == Some(b"sigma-supervise-fill")
+            && args.next() == Some(cache.as_os_str().as_encoded_bytes())
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Wait until no fill process installs into `cache` (at most 60 s).
+fn settled(cache: &Path) {
+    let start = Instant::now();
+    while !fills_of(cache).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "a fill process still runs after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The next line of a child's stdout, or `None` after 30 s or at its end.
 fn line_within(rx: &std::sync::mpsc::Receiver<String>) -> Option<String> {
     rx.recv_timeout(Duration::from_secs(30)).ok()
@@ -1006,7 +1088,9 @@ fn a_cold_import_runs_while_the_rest_of_its_package_is_still_arriving() {
     use sha2::Digest as _;
     let sha = hex::encode(sha2::Sha256::digest(&want));
     assert_eq!(blob, format!("blob {} {sha}", want.len()));
-    assert!(marker.exists(), "installed once the run ended");
+    // The install's fill process writes the marker, then lets the run's waiters go.
+    settled(&cache);
+    assert!(marker.exists(), "installed once its fill process ended");
     let err = stderr(&out);
     let served_early = err
         .split("files, ")
@@ -1017,14 +1101,17 @@ fn a_cold_import_runs_while_the_rest_of_its_package_is_still_arriving() {
 }
 
 #[test]
-fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_next_run_completes() {
+fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install_completes() {
     use std::io::Write as _;
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
     let half = half_delivered(tmp.path(), &cache);
-    let (mut child, lines, fifo) = (half.child, half.lines, half.fifo);
-    let (bucket, archive, data) = (half.bucket, half.archive, half.data);
+    let (mut child, lines, mut fifo) = (half.child, half.lines, half.fifo);
+    let (bucket, data) = (half.bucket, half.data);
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
+    // The download runs in a fill process of its own.
+    let fills = fills_of(&cache);
+    assert_eq!(fills.len(), 1, "one fill process: {fills:?}");
     // The blob's reader is blocked on the supervisor when it is killed.
     child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -1034,19 +1121,88 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_next_ru
     )
     .unwrap();
     let _ = child.wait();
-    drop(fifo);
     // Whatever the proc printed after the kill, never bytes that are not the blob's.
     let after: Vec<String> = std::iter::from_fn(|| line_within(&lines)).collect();
     assert!(
         after.iter().all(|l| l.starts_with("error ")),
         "a blocked reader gets an error or nothing: {after:?}"
     );
-    // Left behind: a placed skeleton and its journal, no marker.
+    // The install outlives the supervisor: the rest of the archive still lands, verified.
     let state = cache.join("realms/r/state");
-    assert!(state.join("demo-s.pending").exists());
     assert!(!state.join("demo-s.installed").exists());
+    assert_eq!(
+        fills_of(&cache),
+        fills,
+        "the fill process died with its supervisor"
+    );
+    fifo.write_all(&data[data.len() / 2..]).unwrap();
+    drop(fifo);
+    settled(&cache);
+    assert!(state.join("demo-s.installed").exists());
+    assert!(!state.join("demo-s.pending").exists());
+    let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
+    assert_eq!(
+        std::fs::read(cache.join("realms/r/lib/demo_s/blob.bin")).unwrap(),
+        want
+    );
 
-    // The next run (a regular archive again) recovers and completes the package.
+    // The next run downloads nothing: the realm is complete and mounted.
+    let mut next = spawn_stalled(&bucket, &cache, READ_BLOB);
+    next.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    let out = next.wait_with_output().unwrap();
+    show(&out);
+    assert!(out.status.success());
+    use sha2::Digest as _;
+    let sha = hex::encode(sha2::Sha256::digest(&want));
+    assert_eq!(
+        stdout(&out),
+        format!("imported demo_s\nblob {} {sha}\n", want.len())
+    );
+    assert!(
+        stderr(&out).contains("all 1 packages installed"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(listdir(&cache.join("realms/r/lib")), ["demo_s"]);
+}
+
+#[test]
+fn kill_9_of_the_fill_process_mid_install_gives_errors_never_zeros_and_the_next_run_completes() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let half = half_delivered(tmp.path(), &cache);
+    let (mut child, lines, fifo) = (half.child, half.lines, half.fifo);
+    let (bucket, archive, data) = (half.bucket, half.archive, half.data);
+    assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
+    let fills = fills_of(&cache);
+    assert_eq!(fills.len(), 1, "one fill process: {fills:?}");
+    // The blob's reader is blocked on the install when its process is killed.
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(fills[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drop(fifo);
+    // The reader gets EIO, the proc goes on and its run ends normally.
+    assert_eq!(line_within(&lines).as_deref(), Some("error 5"));
+    let out = child.wait_with_output().unwrap();
+    show(&out);
+    assert!(out.status.success());
+    assert!(
+        stderr(&out).contains("the install of demo-s ended"),
+        "the failure is said: {}",
+        stderr(&out)
+    );
+    // What the killed install placed is gone again (removed under the package's lock).
+    let state = cache.join("realms/r/state");
+    assert!(!state.join("demo-s.pending").exists());
+    assert!(!state.join("demo-s.installed").exists());
+    assert!(listdir(&cache.join("realms/r/lib")).is_empty());
+
+    // The next run (a regular archive again) installs and serves the package.
     std::fs::remove_file(&archive).unwrap();
     std::fs::write(&archive, &data).unwrap();
     let mut next = spawn_stalled(&bucket, &cache, READ_BLOB);
@@ -1061,11 +1217,7 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_next_ru
         stdout(&out),
         format!("imported demo_s\nblob {} {sha}\n", want.len())
     );
+    settled(&cache);
     assert!(state.join("demo-s.installed").exists());
     assert!(!state.join("demo-s.pending").exists());
-    assert_eq!(
-        listdir(&cache.join("realms/r/lib")),
-        ["demo_s"],
-        "nothing of the killed install is left beside it"
-    );
 }

@@ -1,0 +1,381 @@
+//! Fill processes: a realm package's download, run in a process of its own so that it outlives
+//! the run that asked for it.
+//!
+//! A cold import needs a package's first files (its import trace, first in the archive); the
+//! rest may arrive after the target has exited. When the install runs in the supervisor, the
+//! supervisor must wait for it at exit (or cut it, and the next run downloads it again). Here
+//! the supervisor takes the package's lock as before, then starts this binary again under the
+//! name [`FILL_ARG0`] with the lock file as its stdin (one open file: the lock holds until both
+//! have closed it). The fill process installs the package exactly as the supervisor would
+//! ([`fetcher::RealmCache::fill`]: skeleton placed under the journal, each file filled,
+//! verified and made read-only, then the marker) and says what it did on its stdout, a pipe the
+//! supervisor reads:
+//!
+//! ```text
+//! placed           the skeleton is in the lib dir
+//! file <i>         the package's i-th file (index order) is verified
+//! ok <bytes>       the package is installed (marker written)
+//! err <kind> <msg> the install failed (kind: notfound or other); nothing placed is left
+//! ```
+//!
+//! After `ok` it lets go of the lock, builds the package's shared tree and exits. If the
+//! supervisor has exited meanwhile, its lines go nowhere and the install goes on. If the fill
+//! process dies, its pipe ends without `ok`: every reader waiting on the package gets EIO
+//! (never a placeholder's zeros), what was placed is removed under the lock, and the next
+//! install starts over from the journal.
+//!
+//! Only jailed runs delegate: the jailed supervisor waits for the jail's init alone, so a fill
+//! process is never mistaken for a leftover of the target (signalled, or waited for).
+#![forbid(unsafe_code)]
+
+use fetcher::index::Package;
+use fetcher::store::{lazy::LazyStore, StoreOptions};
+use fetcher::{FetchConfig, FetchError, FileHook, Placement, RealmCache};
+use std::collections::HashMap;
+use std::io::{BufRead as _, Write as _};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// argv[0] of a fill process ([`main`]).
+pub const FILL_ARG0: &str = "sigma-supervise-fill";
+
+/// Longest line a fill process may write (the longest is an `err` line, cut to fit).
+const MAX_LINE: usize = 4096;
+
+/// Starts fill processes for one realm ([`fetcher::Delegate`]).
+pub struct FillProcs {
+    pub root: PathBuf,
+    pub realm: String,
+    pub bucket: String,
+    pub timeout: Duration,
+    pub lib: PathBuf,
+    /// Told when a fill process of a package has started.
+    pub started: Box<dyn Fn(&Package) + Send + Sync>,
+}
+
+impl fetcher::Delegate for FillProcs {
+    fn install(
+        &self,
+        pkg: &Package,
+        lock: &std::fs::File,
+        placement: &Arc<dyn Placement>,
+        hook: Option<&Arc<FileHook>>,
+    ) -> Option<Result<u64, FetchError>> {
+        let mut child = match self.spawn(pkg, lock) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, package = %pkg.name, "no fill process; installing here");
+                return None;
+            }
+        };
+        (self.started)(pkg);
+        let out = child.stdout.take()?;
+        let result = self.follow(pkg, out, placement, hook);
+        if result.is_ok() {
+            // It goes on to build the shared tree; reaped whenever it is done.
+            let _ = std::thread::Builder::new()
+                .name("sigma-fill-reap".into())
+                .spawn(move || child.wait());
+        } else {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        Some(result)
+    }
+}
+
+impl FillProcs {
+    fn spawn(&self, pkg: &Package, lock: &std::fs::File) -> std::io::Result<std::process::Child> {
+        use std::os::unix::process::CommandExt as _;
+        std::process::Command::new("/proc/self/exe")
+            .arg0(FILL_ARG0)
+            .arg(&self.root)
+            .arg(&self.realm)
+            .arg(&self.bucket)
+            .arg(format!("{}", self.timeout.as_secs_f64()))
+            .arg(&pkg.name)
+            .arg(&pkg.archive.sha256)
+            .current_dir("/")
+            .stdin(lock.try_clone()?)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            // Not in the run's process group: a ^C to the run does not cut a shared install.
+            .process_group(0)
+            .spawn()
+    }
+
+    /// Read the fill process's lines until `ok` or `err` (or its end).
+    fn follow(
+        &self,
+        pkg: &Package,
+        out: impl std::io::Read,
+        placement: &Arc<dyn Placement>,
+        hook: Option<&Arc<FileHook>>,
+    ) -> Result<u64, FetchError> {
+        let died = |why: &str| FetchError::Delegated {
+            message: format!("the install of {} ended: {why}", pkg.name),
+            not_found: false,
+        };
+        let mut out = std::io::BufReader::new(out);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = std::io::Read::take(&mut out, MAX_LINE as u64 + 1)
+                .read_until(b'\n', &mut line)
+                .map_err(|e| died(&format!("reading its report: {e}")))?;
+            if n == 0 {
+                return Err(died("its process exited without finishing"));
+            }
+            if line.pop() != Some(b'\n') {
+                return Err(died("a report line too long"));
+            }
+            let text = String::from_utf8_lossy(&line);
+            let (word, rest) = text.split_once(' ').unwrap_or((&text, ""));
+            match word {
+                "placed" => placement.placed(pkg),
+                "file" => {
+                    let f = rest
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|i| pkg.files.get(i))
+                        .ok_or_else(|| died("a report naming no file of the package"))?;
+                    if let Some(hook) = hook {
+                        hook(&f.sha256, &self.lib.join(&f.path));
+                    }
+                }
+                "ok" => {
+                    return rest
+                        .parse::<u64>()
+                        .map_err(|_| died("a report without its size"));
+                }
+                "err" => {
+                    let (kind, message) = rest.split_once(' ').unwrap_or((rest, ""));
+                    return Err(FetchError::Delegated {
+                        message: message.to_owned(),
+                        not_found: kind == "notfound",
+                    });
+                }
+                _ => return Err(died("a report it cannot have made")),
+            }
+        }
+    }
+}
+
+/// What a fill process writes: whole lines (each one write, shorter than a pipe's atomic
+/// size), and nothing more once its reader has gone.
+struct Report {
+    out: Mutex<Option<std::io::Stdout>>,
+}
+
+impl Report {
+    fn say(&self, line: &str) {
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let gone = out.as_mut().is_some_and(|o| {
+            let mut l = line.chars().take(MAX_LINE - 1).collect::<String>();
+            l.push('\n');
+            o.write_all(l.as_bytes()).and_then(|()| o.flush()).is_err()
+        });
+        if gone {
+            *out = None;
+        }
+    }
+}
+
+struct Placed(Arc<Report>);
+
+impl Placement for Placed {
+    fn placed(&self, _pkg: &Package) {
+        self.0.say("placed");
+    }
+    fn ended(&self, _pkg: &Package, _result: Result<(), &FetchError>) {}
+}
+
+/// A fill process's whole life (argv: root, realm, bucket, fetch timeout in seconds, package,
+/// archive sha256; stdin the package's lock file, locked; stdout the report pipe).
+pub fn main() -> ! {
+    // Nothing else of the supervisor's (its parent's descriptors) stays open here.
+    jail::close_fds_from(3);
+    // Our memory holds credentials, as the supervisor's does.
+    let _ = nix::sys::prctl::set_dumpable(false);
+    let report = Arc::new(Report {
+        out: Mutex::new(Some(std::io::stdout())),
+    });
+    let code = match fill(&report) {
+        Ok(()) => 0,
+        Err(e) => {
+            let kind = if e.is_not_found() {
+                "notfound"
+            } else {
+                "other"
+            };
+            let msg = e.to_string().replace('\n', " ");
+            report.say(&format!("err {kind} {msg}"));
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [root, realm, bucket, timeout, name, sha] = &args[..] else {
+        return Err(FetchError::Invalid {
+            what: FILL_ARG0.into(),
+            cause: "usage: ROOT REALM BUCKET TIMEOUT PACKAGE ARCHIVE-SHA256".into(),
+        });
+    };
+    let timeout = timeout
+        .parse::<f64>()
+        .ok()
+        .filter(|t| *t > 0.0 && *t < 3600.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| FetchError::Invalid {
+            what: FILL_ARG0.into(),
+            cause: format!("timeout {timeout:?}"),
+        })?;
+    let cfg = FetchConfig {
+        overall_timeout: timeout,
+        ..FetchConfig::default()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("sigma-fill")
+        .enable_all()
+        .build()
+        .map_err(|e| FetchError::io("start", "the fill runtime", e))?;
+    let store: Arc<dyn fetcher::Store> =
+        Arc::new(LazyStore::new(bucket, &StoreOptions::default(), &cfg)?);
+    let cache = RealmCache::open(root, realm, store, cfg)?;
+    // The snapshot the supervisor read: the same package, the same file order.
+    let index = rt.block_on(cache.index())?;
+    let pkg = index
+        .packages()
+        .get(name.as_str())
+        .filter(|p| &p.archive.sha256 == sha)
+        .cloned()
+        .ok_or_else(|| FetchError::Invalid {
+            what: format!("package {name}"),
+            cause: "not in the realm's index snapshot with that archive".into(),
+        })?;
+    let lib = cache.lib_dir();
+    let order: HashMap<&str, usize> = pkg
+        .files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.path.as_str(), i))
+        .collect();
+    let order: HashMap<PathBuf, usize> = order.into_iter().map(|(p, i)| (lib.join(p), i)).collect();
+    cache.set_placement(Arc::new(Placed(report.clone())));
+    let r = report.clone();
+    cache.set_file_hook(Arc::new(move |_sha: &str, file: &std::path::Path| {
+        if let Some(i) = order.get(file) {
+            r.say(&format!("file {i}"));
+        }
+    }));
+    let n = rt.block_on(cache.fill(&pkg))?;
+    report.say(&format!("ok {n}"));
+    // Let go of the lock: the package is installed. Then its shared tree, for other realms.
+    let _ = nix::unistd::dup2_stdin(
+        std::fs::File::open("/dev/null").map_err(|e| FetchError::io("open", "/dev/null", e))?,
+    );
+    if let Err(e) = cache.share_tree(&pkg) {
+        tracing::debug!(error = %e, package = %pkg.name, "no shared tree");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Count(AtomicUsize);
+    impl Placement for Count {
+        fn placed(&self, _pkg: &Package) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        fn ended(&self, _pkg: &Package, _result: Result<(), &FetchError>) {}
+    }
+
+    fn pkg() -> Package {
+        serde_json::from_value(serde_json::json!({
+            "name": "p", "version": "1", "source": "p", "top_level": ["p"],
+            "archive": {"key": "k", "sha256": "a".repeat(64), "size": 1, "encoding": "tar+zstd"},
+            "files": [
+                {"path": "p/__init__.py", "sha256": "b".repeat(64), "size": 1},
+                {"path": "p/x.py", "sha256": "c".repeat(64), "size": 1}
+            ]
+        }))
+        .unwrap()
+    }
+
+    fn procs() -> FillProcs {
+        FillProcs {
+            root: "/r".into(),
+            realm: "r".into(),
+            bucket: "file:///b".into(),
+            timeout: Duration::from_secs(1),
+            lib: "/lib".into(),
+            started: Box::new(|_| {}),
+        }
+    }
+
+    /// What `follow` makes of a fill process's report: (result, placed count, files heard).
+    fn follow(report: &[u8]) -> (Result<u64, FetchError>, usize, Vec<String>) {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let h = heard.clone();
+        let hook: Arc<FileHook> = Arc::new(move |sha: &str, path: &Path| {
+            h.lock()
+                .unwrap()
+                .push(format!("{} {}", &sha[..1], path.display()));
+        });
+        let placement: Arc<dyn Placement> = count.clone();
+        let r = procs().follow(&pkg(), report, &placement, Some(&hook));
+        let files = heard.lock().unwrap().clone();
+        (r, count.0.load(Ordering::Relaxed), files)
+    }
+
+    #[test]
+    fn a_report_is_followed_to_its_end() {
+        let (r, placed, files) = follow(b"placed\nfile 1\nfile 0\nok 1234\nignored after ok\n");
+        assert_eq!(r.unwrap(), 1234);
+        assert_eq!(placed, 1);
+        assert_eq!(files, ["c /lib/p/x.py", "b /lib/p/__init__.py"]);
+    }
+
+    #[test]
+    fn failures_keep_their_kind_and_a_cut_report_is_a_failure() {
+        let (r, _, _) = follow(b"err notfound bucket b: object k not found\n");
+        let e = r.unwrap_err();
+        assert!(e.is_not_found());
+        assert_eq!(e.to_string(), "bucket b: object k not found");
+        let (r, _, _) = follow(b"err other integrity mismatch\n");
+        assert!(!r.unwrap_err().is_not_found());
+        for cut in [&b"placed\nfile 0\n"[..], b"", b"placed\nfile 0"] {
+            let (r, _, _) = follow(cut);
+            let e = r.unwrap_err();
+            assert!(!e.is_not_found());
+            assert!(e.to_string().starts_with("the install of p ended"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_report_it_cannot_have_made_is_refused() {
+        let long = format!("file {}\n", "1".repeat(MAX_LINE + 10));
+        for bad in [
+            &b"file 2\n"[..],
+            b"file -1\n",
+            b"file x\n",
+            b"ok\n",
+            b"hello\n",
+            long.as_bytes(),
+        ] {
+            let (r, _, files) = follow(bad);
+            assert!(r.is_err(), "{:?}", String::from_utf8_lossy(bad));
+            assert!(files.is_empty());
+        }
+    }
+}
