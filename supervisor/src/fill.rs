@@ -99,7 +99,12 @@ impl FillProcs {
             .current_dir("/")
             .stdin(lock.try_clone()?)
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
+            // Its timeline marks (SIGMA_SUPERVISE_TIMELINE) go where the run's go.
+            .stderr(if jail::marking() {
+                std::process::Stdio::inherit()
+            } else {
+                std::process::Stdio::null()
+            })
             // Not in the run's process group: a ^C to the run does not cut a shared install.
             .process_group(0)
             .spawn()
@@ -218,6 +223,7 @@ pub fn main() -> ! {
 }
 
 fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
+    jail::mark("fill:main");
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [root, realm, bucket, timeout, name, sha] = &args[..] else {
         return Err(FetchError::Invalid {
@@ -248,7 +254,9 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
         Arc::new(LazyStore::new(bucket, &StoreOptions::default(), &cfg)?);
     let cache = RealmCache::open(root, realm, store, cfg)?;
     // The snapshot the supervisor read: the same package, the same file order.
+    jail::mark("fill:open");
     let index = rt.block_on(cache.index())?;
+    jail::mark("fill:index");
     let pkg = index
         .packages()
         .get(name.as_str())
@@ -275,6 +283,7 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
     }));
     let n = rt.block_on(cache.fill(&pkg))?;
     report.say(&format!("ok {n}"));
+    jail::mark("fill:ok");
     // Let go of the lock: the package is installed. Then its shared tree, for other realms.
     let _ = nix::unistd::dup2_stdin(
         std::fs::File::open("/dev/null").map_err(|e| FetchError::io("open", "/dev/null", e))?,

@@ -361,7 +361,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             // program loads while the realm's cache, runtime and prefetch start.
             (None, None, None) => {
                 child.release();
-                Box::new(r.start()?)
+                let resolver = r.start()?;
+                jail::mark("resolver");
+                Box::new(resolver)
             }
         },
         None => Box::new(serve::LocalDirs),
