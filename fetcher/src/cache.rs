@@ -2599,6 +2599,112 @@ mod tests {
         assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
     }
 
+    /// Installs in a second cache on the same root, as a fill process would, after checking
+    /// that the lock it was handed is held; or declines.
+    struct Elsewhere {
+        root: PathBuf,
+        store: Arc<dyn Store>,
+        decline: bool,
+    }
+
+    impl Delegate for Elsewhere {
+        fn install(
+            &self,
+            pkg: &Package,
+            lock_file: &std::fs::File,
+            placement: &Arc<dyn Placement>,
+            hook: Option<&Arc<FileHook>>,
+        ) -> Option<Result<u64>> {
+            if self.decline {
+                return None;
+            }
+            // The handed lock is the package's, and it is held: another open of it must wait.
+            let path = self
+                .root
+                .join("realms/r/state")
+                .join(format!("{}.lock", pkg.name));
+            let again = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            assert!(matches!(
+                nix::fcntl::Flock::lock(again, nix::fcntl::FlockArg::LockExclusiveNonblock),
+                Err((_, nix::errno::Errno::EWOULDBLOCK))
+            ));
+            assert!(lock_file.metadata().is_ok());
+            let other =
+                RealmCache::open(&self.root, "r", self.store.clone(), FetchConfig::default())
+                    .unwrap();
+            other.set_placement(placement.clone());
+            if let Some(h) = hook {
+                other.set_file_hook(h.clone());
+            }
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            Some(rt.block_on(other.fill(pkg)))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delegated_install_streams_from_the_other_process_and_is_counted_here() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let root = tmp.path().join("c");
+        let cache = RealmCache::open(&root, "r", store.clone(), FetchConfig::default()).unwrap();
+        let w = watched(&cache);
+        cache.set_delegate(Arc::new(Elsewhere {
+            root: root.clone(),
+            store,
+            decline: false,
+        }));
+        let out = cache.ensure("demo").await.unwrap();
+        assert!(out.fetched && out.installed);
+        let index = cache.index().await.unwrap();
+        let pkg = index.package("demo").unwrap();
+        // The other side's placement and announcements reached this side's watchers.
+        assert_eq!(lock(&w.placed).len(), pkg.files.len());
+        let mut verified: Vec<String> = lock(&w.verified).iter().map(|v| v.0.clone()).collect();
+        verified.sort();
+        let mut expected: Vec<String> = pkg.files.iter().map(|f| f.path.clone()).collect();
+        expected.sort();
+        assert_eq!(verified, expected);
+        assert_eq!(*lock(&w.ended), [Ok(())]);
+        assert!(cache.is_installed("demo"));
+        let st = cache.stats();
+        assert_eq!(st.packages_fetched, 1);
+        assert_eq!(st.bytes_fetched, pkg.archive.size + index_bytes(&root));
+        // The lock is free again once the install is over.
+        let path = root.join("realms/r/state/demo.lock");
+        let again = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        assert!(
+            nix::fcntl::Flock::lock(again, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_delegate_that_cannot_start_leaves_the_install_here() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = published(tmp.path()).await;
+        let root = tmp.path().join("c");
+        let cache = RealmCache::open(&root, "r", store.clone(), FetchConfig::default()).unwrap();
+        let w = watched(&cache);
+        cache.set_delegate(Arc::new(Elsewhere {
+            root,
+            store,
+            decline: true,
+        }));
+        let out = cache.ensure("demo").await.unwrap();
+        assert!(out.fetched && out.installed);
+        assert!(!lock(&w.placed).is_empty(), "streamed here");
+        assert_eq!(*lock(&w.ended), [Ok(())]);
+        assert_eq!(cache.stats().packages_fetched, 1);
+    }
+
+    fn index_bytes(root: &Path) -> u64 {
+        std::fs::metadata(root.join("realms/r/index.json"))
+            .unwrap()
+            .len()
+    }
+
     #[tokio::test]
     async fn a_placed_install_that_fails_takes_its_names_away_again() {
         let tmp = tempfile::tempdir().unwrap();
