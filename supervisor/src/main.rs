@@ -231,8 +231,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     let mut lazy = None;
     if let Some(r) = &mut realm {
         r.compile_with = realm::python_of(&program);
-        // A jailed run waits for its init alone, so a fill process outliving it is no leftover.
-        r.delegate = !cli.jail.no_jail;
+        r.delegate = r.opts.fill_process.delegates(!cli.jail.no_jail);
         if r.compile_with.is_some() {
             r.prefetch = realm::imports_of(&cli.command);
         }

@@ -86,6 +86,44 @@ pub struct RealmOpts {
     /// notifications where that is not possible, and on a realm's first run (no index snapshot).
     #[arg(long)]
     pub lazy: bool,
+
+    /// Where a jailed run's downloads run: in a fill process of their own that completes a
+    /// package after the run has exited (`always`), in the supervisor, which then finishes what
+    /// it started before exiting (`never`), or in a fill process where the machine has more
+    /// than two cores (`auto`: the process costs CPU that a 2-core machine takes from the
+    /// import itself).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHEN",
+        env = "SIGMA_SUPERVISE_FILL_PROCESS",
+        default_value_t = FillProcess::Auto
+    )]
+    pub fill_process: FillProcess,
+}
+
+/// See [`RealmOpts::fill_process`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FillProcess {
+    Auto,
+    Always,
+    Never,
+}
+
+impl FillProcess {
+    /// Whether a run (jailed or not) delegates its downloads to fill processes.
+    pub fn delegates(self, jailed: bool) -> bool {
+        // An unjailed supervisor waits for every child it has: a fill process would hold the
+        // run open (see crate::fill).
+        jailed
+            && match self {
+                FillProcess::Always => true,
+                FillProcess::Never => false,
+                FillProcess::Auto => {
+                    std::thread::available_parallelism().is_ok_and(|n| n.get() > 2)
+                }
+            }
+    }
 }
 
 /// The realm's host paths, known before the target starts (no network, no threads).
@@ -1313,6 +1351,7 @@ mod tests {
             fetch_timeout: 2.0,
             no_prefetch: false,
             lazy: false,
+            fill_process: FillProcess::Auto,
         };
         let plan = RealmPlan::new(&opts).unwrap().unwrap();
         assert!(plan.lib.is_dir());

@@ -946,12 +946,15 @@ fn stalled_bucket(tmp: &Path) -> (String, PathBuf, Vec<u8>) {
     (bucket, archive, data)
 }
 
-/// Start a cold run of `code` in realm `r` against the stalled bucket, stdin and stdout piped.
-fn spawn_stalled(bucket: &str, cache: &Path, code: &str) -> std::process::Child {
+/// Start a cold run of `code` in realm `r` against the stalled bucket, stdin and stdout piped;
+/// `fill` is its `--fill-process`.
+fn spawn_stalled(bucket: &str, cache: &Path, code: &str, fill: &str) -> std::process::Child {
     sup()
         .args([
             "--stats",
             "--no-prefetch",
+            "--fill-process",
+            fill,
             "--fetch-timeout",
             "60",
             "--realm",
@@ -1030,10 +1033,10 @@ struct HalfDelivered {
     data: Vec<u8>,
 }
 
-fn half_delivered(tmp: &Path, cache: &Path) -> HalfDelivered {
+fn half_delivered(tmp: &Path, cache: &Path, fill: &str) -> HalfDelivered {
     use std::io::Write as _;
     let (bucket, archive, data) = stalled_bucket(tmp);
-    let mut child = spawn_stalled(&bucket, cache, READ_BLOB);
+    let mut child = spawn_stalled(&bucket, cache, READ_BLOB, fill);
     let lines = lines_of(child.stdout.take().unwrap());
     let mut fifo = std::fs::OpenOptions::new()
         .write(true)
@@ -1066,10 +1069,17 @@ except OSError as e:
 
 #[test]
 fn a_cold_import_runs_while_the_rest_of_its_package_is_still_arriving() {
+    // Downloaded by a fill process, and by the supervisor itself.
+    for fill in ["always", "never"] {
+        import_while_arriving(fill);
+    }
+}
+
+fn import_while_arriving(fill: &str) {
     use std::io::Write as _;
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
-    let half = half_delivered(tmp.path(), &cache);
+    let half = half_delivered(tmp.path(), &cache, fill);
     let (mut child, lines, mut fifo, data) = (half.child, half.lines, half.fifo, half.data);
     let first = line_within(&lines);
     let marker = cache.join("realms/r/state/demo-s.installed");
@@ -1105,7 +1115,7 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
     use std::io::Write as _;
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
-    let half = half_delivered(tmp.path(), &cache);
+    let half = half_delivered(tmp.path(), &cache, "always");
     let (mut child, lines, mut fifo) = (half.child, half.lines, half.fifo);
     let (bucket, data) = (half.bucket, half.data);
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
@@ -1147,7 +1157,7 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
     );
 
     // The next run downloads nothing: the realm is complete and mounted.
-    let mut next = spawn_stalled(&bucket, &cache, READ_BLOB);
+    let mut next = spawn_stalled(&bucket, &cache, READ_BLOB, "always");
     next.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
     let out = next.wait_with_output().unwrap();
     show(&out);
@@ -1171,7 +1181,7 @@ fn kill_9_of_the_fill_process_mid_install_gives_errors_never_zeros_and_the_next_
     use std::io::Write as _;
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
-    let half = half_delivered(tmp.path(), &cache);
+    let half = half_delivered(tmp.path(), &cache, "always");
     let (mut child, lines, fifo) = (half.child, half.lines, half.fifo);
     let (bucket, archive, data) = (half.bucket, half.archive, half.data);
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
@@ -1205,7 +1215,7 @@ fn kill_9_of_the_fill_process_mid_install_gives_errors_never_zeros_and_the_next_
     // The next run (a regular archive again) installs and serves the package.
     std::fs::remove_file(&archive).unwrap();
     std::fs::write(&archive, &data).unwrap();
-    let mut next = spawn_stalled(&bucket, &cache, READ_BLOB);
+    let mut next = spawn_stalled(&bucket, &cache, READ_BLOB, "always");
     next.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
     let out = next.wait_with_output().unwrap();
     show(&out);
@@ -1220,4 +1230,59 @@ fn kill_9_of_the_fill_process_mid_install_gives_errors_never_zeros_and_the_next_
     settled(&cache);
     assert!(state.join("demo-s.installed").exists());
     assert!(!state.join("demo-s.pending").exists());
+}
+
+#[test]
+fn kill_9_of_a_supervisor_downloading_itself_gives_errors_never_zeros_and_the_next_run_completes() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let half = half_delivered(tmp.path(), &cache, "never");
+    let (mut child, lines, fifo) = (half.child, half.lines, half.fifo);
+    let (bucket, archive, data) = (half.bucket, half.archive, half.data);
+    assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
+    // The blob's reader is blocked on the supervisor when it is killed.
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = child.wait();
+    drop(fifo);
+    // Whatever the proc printed after the kill, never bytes that are not the blob's.
+    let after: Vec<String> = std::iter::from_fn(|| line_within(&lines)).collect();
+    assert!(
+        after.iter().all(|l| l.starts_with("error ")),
+        "a blocked reader gets an error or nothing: {after:?}"
+    );
+    // Left behind: a placed skeleton and its journal, no marker (no fill process ran).
+    assert!(fills_of(&cache).is_empty());
+    let state = cache.join("realms/r/state");
+    assert!(state.join("demo-s.pending").exists());
+    assert!(!state.join("demo-s.installed").exists());
+
+    // The next run (a regular archive again) recovers and completes the package.
+    std::fs::remove_file(&archive).unwrap();
+    std::fs::write(&archive, &data).unwrap();
+    let mut next = spawn_stalled(&bucket, &cache, READ_BLOB, "never");
+    next.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    let out = next.wait_with_output().unwrap();
+    show(&out);
+    assert!(out.status.success());
+    let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
+    use sha2::Digest as _;
+    let sha = hex::encode(sha2::Sha256::digest(&want));
+    assert_eq!(
+        stdout(&out),
+        format!("imported demo_s\nblob {} {sha}\n", want.len())
+    );
+    assert!(state.join("demo-s.installed").exists());
+    assert!(!state.join("demo-s.pending").exists());
+    assert_eq!(
+        listdir(&cache.join("realms/r/lib")),
+        ["demo_s"],
+        "nothing of the killed install is left beside it"
+    );
 }
