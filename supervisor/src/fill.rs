@@ -167,23 +167,70 @@ impl FillProcs {
     }
 }
 
-/// What a fill process writes: whole lines (each one write, shorter than a pipe's atomic
-/// size), and nothing more once its reader has gone.
+/// What a fill process writes: whole lines, gathered for [`GATHER`] so that a burst of
+/// verified files is one write and one wakeup of the supervisor's reader, not one per file;
+/// nothing more once its reader has gone.
 struct Report {
+    pending: Mutex<Vec<u8>>,
+    said: std::sync::Condvar,
     out: Mutex<Option<std::io::Stdout>>,
 }
 
+/// How long a line may wait for others to go with it.
+const GATHER: Duration = Duration::from_micros(300);
+
 impl Report {
-    fn say(&self, line: &str) {
-        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let gone = out.as_mut().is_some_and(|o| {
-            let mut l = line.chars().take(MAX_LINE - 1).collect::<String>();
-            l.push('\n');
-            o.write_all(l.as_bytes()).and_then(|()| o.flush()).is_err()
+    fn new() -> Arc<Report> {
+        let r = Arc::new(Report {
+            pending: Mutex::new(Vec::new()),
+            said: std::sync::Condvar::new(),
+            out: Mutex::new(Some(std::io::stdout())),
         });
+        let weak = Arc::downgrade(&r);
+        let _ = std::thread::Builder::new()
+            .name("sigma-fill-report".into())
+            .spawn(move || loop {
+                let Some(r) = weak.upgrade() else { return };
+                let pending = r.pending.lock().unwrap_or_else(|p| p.into_inner());
+                let pending = r
+                    .said
+                    .wait_while(pending, |p| p.is_empty())
+                    .unwrap_or_else(|p| p.into_inner());
+                drop(pending);
+                std::thread::sleep(GATHER);
+                r.flush();
+            });
+        r
+    }
+
+    fn say(&self, line: &str) {
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        p.extend(
+            line.chars()
+                .take(MAX_LINE - 1)
+                .collect::<String>()
+                .as_bytes(),
+        );
+        p.push(b'\n');
+        self.said.notify_one();
+    }
+
+    /// Write what was said, in order (the buffer is taken under the output's lock).
+    fn flush(&self) {
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let lines = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        let gone = out
+            .as_mut()
+            .is_some_and(|o| o.write_all(&lines).and_then(|()| o.flush()).is_err());
         if gone {
             *out = None;
         }
+    }
+
+    /// Say `line` and write it now, with everything before it.
+    fn say_now(&self, line: &str) {
+        self.say(line);
+        self.flush();
     }
 }
 
@@ -191,7 +238,7 @@ struct Placed(Arc<Report>);
 
 impl Placement for Placed {
     fn placed(&self, _pkg: &Package) {
-        self.0.say("placed");
+        self.0.say_now("placed");
     }
     fn ended(&self, _pkg: &Package, _result: Result<(), &FetchError>) {}
 }
@@ -203,9 +250,7 @@ pub fn main() -> ! {
     jail::close_fds_from(3);
     // Our memory holds credentials, as the supervisor's does.
     let _ = nix::sys::prctl::set_dumpable(false);
-    let report = Arc::new(Report {
-        out: Mutex::new(Some(std::io::stdout())),
-    });
+    let report = Report::new();
     let code = match fill(&report) {
         Ok(()) => 0,
         Err(e) => {
@@ -215,7 +260,7 @@ pub fn main() -> ! {
                 "other"
             };
             let msg = e.to_string().replace('\n', " ");
-            report.say(&format!("err {kind} {msg}"));
+            report.say_now(&format!("err {kind} {msg}"));
             1
         }
     };
@@ -282,7 +327,7 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
         }
     }));
     let n = rt.block_on(cache.fill(&pkg))?;
-    report.say(&format!("ok {n}"));
+    report.say_now(&format!("ok {n}"));
     jail::mark("fill:ok");
     // Let go of the lock: the package is installed. Then its shared tree, for other realms.
     let _ = nix::unistd::dup2_stdin(
