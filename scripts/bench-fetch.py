@@ -188,6 +188,9 @@ def main() -> None:
     ap.add_argument("--import", dest="module", default=None,
                     help="what the timed command imports (default: the first wheel's name)")
     ap.add_argument("--uv", default=shutil.which("uv"))
+    ap.add_argument("--baseline-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="environment for the baseline's sides only (--baseline may then be "
+                         "this build, to compare a setting)")
     ap.add_argument("--work-fs", choices=["here", "ext4"], default="here",
                     help="where every side's files go: a temporary dir (here), or a fresh "
                          "16 GB ext4 image with a journal, loop-mounted for this run (root)")
@@ -263,6 +266,11 @@ def main() -> None:
                 else f"import {module}")
         uv_env = dict(aws, UV_NO_PROGRESS="1", UV_PYTHON_DOWNLOADS="never")
 
+        def base_env(env: dict) -> dict:
+            # The baseline's sides run with --baseline-env added (e.g. the same build with
+            # SIGMA_SUPERVISE_FILL_PROCESS=always).
+            return dict(env, **dict(kv.split("=", 1) for kv in args.baseline_env))
+
         def supervised(cache: Path, bucket: str = "s3://libs", realm: str = "bench",
                        lazy: bool = False, binary: str = sup, partial: bool = False) -> list[str]:
             # A partial realm stays partial only if no run completes it (--no-prefetch).
@@ -292,7 +300,7 @@ def main() -> None:
                 run(supervised(partial_lazy, "s3://libs2", lazy=True, partial=True), env=aws)
                 if args.baseline:
                     run(supervised(partial_lazy_base, "s3://libs2", lazy=True, partial=True,
-                                   binary=args.baseline), env=aws)
+                                   binary=args.baseline), env=base_env(aws))
         uv_warm_cache = work / "uv-warm-cache"
         uv_install(work / "uv-warm-venv", uv_warm_cache)
         site = work / "site"
@@ -329,11 +337,11 @@ def main() -> None:
             ]
             if args.baseline:
                 sides.append(side("cold base", lambda: run(
-                    supervised(work / f"base-cold-cache-{i}", binary=args.baseline), env=aws)))
+                    supervised(work / f"base-cold-cache-{i}", binary=args.baseline), env=base_env(aws))))
                 sides.append(side("new realm base", lambda: run(
-                    supervised(warm, realm=f"base-new-{i}", binary=args.baseline), env=aws)))
+                    supervised(warm, realm=f"base-new-{i}", binary=args.baseline), env=base_env(aws))))
                 sides.append(side("warm base", lambda: run(
-                    supervised(warm, binary=args.baseline), env=aws)))
+                    supervised(warm, binary=args.baseline), env=base_env(aws))))
             if extra:
                 sides.append(side("partial",
                                   lambda: run(supervised(partial, "s3://libs2", partial=True),
@@ -344,14 +352,14 @@ def main() -> None:
                 if args.baseline:
                     sides.append(side("partial lazy base", lambda: run(
                         supervised(partial_lazy_base, "s3://libs2", lazy=True, partial=True,
-                                   binary=args.baseline), env=aws)))
+                                   binary=args.baseline), env=base_env(aws))))
             if paced:
                 sides.append(side("cold paced", lambda: run(
                     supervised(work / f"paced-cache-{i}"), env=paced)))
                 if args.baseline:
                     sides.append(side("cold paced base", lambda: run(
                         supervised(work / f"paced-base-cache-{i}", binary=args.baseline),
-                        env=paced)))
+                        env=base_env(paced))))
             if args.sides:
                 wanted = {w.strip() for w in args.sides.split(",")}
                 sides = [sd for sd in sides if sd[0] in wanted]
