@@ -336,6 +336,7 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
     if let Err(e) = cache.share_tree(&pkg) {
         tracing::debug!(error = %e, package = %pkg.name, "no shared tree");
     }
+    jail::mark("fill:tree");
     Ok(())
 }
 
