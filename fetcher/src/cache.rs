@@ -2644,18 +2644,24 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_delegated_install_streams_from_the_other_process_and_is_counted_here() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store = published(tmp.path()).await;
-        let root = tmp.path().join("c");
+    /// A watched cache of `tmp` whose installs go to [`Elsewhere`].
+    async fn delegating(tmp: &Path, decline: bool) -> (RealmCache, Arc<Watch>, PathBuf) {
+        let store = published(tmp).await;
+        let root = tmp.join("c");
         let cache = RealmCache::open(&root, "r", store.clone(), FetchConfig::default()).unwrap();
         let w = watched(&cache);
         cache.set_delegate(Arc::new(Elsewhere {
             root: root.clone(),
             store,
-            decline: false,
+            decline,
         }));
+        (cache, w, root)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delegated_install_streams_from_the_other_process_and_is_counted_here() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (cache, w, root) = delegating(tmp.path(), false).await;
         let out = cache.ensure("demo").await.unwrap();
         assert!(out.fetched && out.installed);
         let index = cache.index().await.unwrap();
@@ -2683,15 +2689,7 @@ mod tests {
     #[tokio::test]
     async fn a_delegate_that_cannot_start_leaves_the_install_here() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = published(tmp.path()).await;
-        let root = tmp.path().join("c");
-        let cache = RealmCache::open(&root, "r", store.clone(), FetchConfig::default()).unwrap();
-        let w = watched(&cache);
-        cache.set_delegate(Arc::new(Elsewhere {
-            root,
-            store,
-            decline: true,
-        }));
+        let (cache, w, _) = delegating(tmp.path(), true).await;
         let out = cache.ensure("demo").await.unwrap();
         assert!(out.fetched && out.installed);
         assert!(!lock(&w.placed).is_empty(), "streamed here");

@@ -653,24 +653,31 @@ fn minio_sixteen_supervisors_one_download() {
     };
     let code =
         "import shared_pkg, os; print(os.path.getsize(shared_pkg.__path__[0] + '/blob.bin'))";
-    let children: Vec<_> = (0..16)
-        .map(|_| {
-            r.cmd(code)
-                .stdout(Stdio::piped())
+    let total = downloads_of_crowd((0..16).map(|_| r.cmd(code)), 4 << 20);
+    assert_eq!(total, 1, "exactly one download across 16 supervisors");
+}
+
+/// Start every run at once; each must print its blob's `size`. Returns their downloads.
+fn downloads_of_crowd(runs: impl IntoIterator<Item = Command>, size: u64) -> u64 {
+    let children: Vec<_> = runs
+        .into_iter()
+        .map(|mut c| {
+            c.stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
         })
         .collect();
-    let mut total = 0;
-    for c in children {
-        let o = c.wait_with_output().unwrap();
-        show(&o);
-        assert_eq!(o.status.code(), Some(0));
-        assert_eq!(stdout(&o), format!("{}\n", 4 << 20));
-        total += fetched(&o);
-    }
-    assert_eq!(total, 1, "exactly one download across 16 supervisors");
+    children
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().unwrap();
+            show(&o);
+            assert_eq!(o.status.code(), Some(0));
+            assert_eq!(stdout(&o), format!("{size}\n"));
+            fetched(&o)
+        })
+        .sum()
 }
 
 #[test]
@@ -684,30 +691,16 @@ fn realms_starting_together_download_an_archive_once() {
     let cache = tmp.path().join("cache");
     let code = "import together, os; print(os.path.getsize(together.__path__[0] + '/blob.bin'))";
     let names = ["a", "b", "c", "d"];
-    let children: Vec<_> = names
-        .iter()
-        .map(|name| {
-            Realm {
-                name,
-                bucket: &bucket,
-                cache: &cache,
-                env: vec![],
-            }
-            .cmd(code)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-        })
-        .collect();
-    let mut total = 0;
-    for c in children {
-        let o = c.wait_with_output().unwrap();
-        show(&o);
-        assert_eq!(o.status.code(), Some(0));
-        assert_eq!(stdout(&o), format!("{}\n", 8 << 20));
-        total += fetched(&o);
-    }
+    let runs = names.iter().map(|name| {
+        Realm {
+            name,
+            bucket: &bucket,
+            cache: &cache,
+            env: vec![],
+        }
+        .cmd(code)
+    });
+    let total = downloads_of_crowd(runs, 8 << 20);
     settled(&cache);
     assert_eq!(total, 1, "one download across four realms");
     // Each realm has the package, and every copy is the one stored file.
@@ -1213,23 +1206,7 @@ fn kill_9_of_the_fill_process_mid_install_gives_errors_never_zeros_and_the_next_
     assert!(listdir(&cache.join("realms/r/lib")).is_empty());
 
     // The next run (a regular archive again) installs and serves the package.
-    std::fs::remove_file(&archive).unwrap();
-    std::fs::write(&archive, &data).unwrap();
-    let mut next = spawn_stalled(&bucket, &cache, READ_BLOB, "always");
-    next.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
-    let out = next.wait_with_output().unwrap();
-    show(&out);
-    assert!(out.status.success());
-    let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
-    use sha2::Digest as _;
-    let sha = hex::encode(sha2::Sha256::digest(&want));
-    assert_eq!(
-        stdout(&out),
-        format!("imported demo_s\nblob {} {sha}\n", want.len())
-    );
-    settled(&cache);
-    assert!(state.join("demo-s.installed").exists());
-    assert!(!state.join("demo-s.pending").exists());
+    next_run_completes(tmp.path(), &cache, &bucket, &archive, &data, "always");
 }
 
 #[test]
@@ -1264,25 +1241,41 @@ fn kill_9_of_a_supervisor_downloading_itself_gives_errors_never_zeros_and_the_ne
     assert!(!state.join("demo-s.installed").exists());
 
     // The next run (a regular archive again) recovers and completes the package.
-    std::fs::remove_file(&archive).unwrap();
-    std::fs::write(&archive, &data).unwrap();
-    let mut next = spawn_stalled(&bucket, &cache, READ_BLOB, "never");
+    next_run_completes(tmp.path(), &cache, &bucket, &archive, &data, "never");
+    assert_eq!(
+        listdir(&cache.join("realms/r/lib")),
+        ["demo_s"],
+        "nothing of the killed install is left beside it"
+    );
+}
+
+/// After a killed install: the next run, with a regular archive again, reads the whole blob,
+/// and the package is installed with no journal left.
+fn next_run_completes(
+    tmp: &Path,
+    cache: &Path,
+    bucket: &str,
+    archive: &Path,
+    data: &[u8],
+    fill: &str,
+) {
+    use std::io::Write as _;
+    std::fs::remove_file(archive).unwrap();
+    std::fs::write(archive, data).unwrap();
+    let mut next = spawn_stalled(bucket, cache, READ_BLOB, fill);
     next.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
     let out = next.wait_with_output().unwrap();
     show(&out);
     assert!(out.status.success());
-    let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
+    let want = std::fs::read(tmp.join("src/demo_s/blob.bin")).unwrap();
     use sha2::Digest as _;
     let sha = hex::encode(sha2::Sha256::digest(&want));
     assert_eq!(
         stdout(&out),
         format!("imported demo_s\nblob {} {sha}\n", want.len())
     );
+    settled(cache);
+    let state = cache.join("realms/r/state");
     assert!(state.join("demo-s.installed").exists());
     assert!(!state.join("demo-s.pending").exists());
-    assert_eq!(
-        listdir(&cache.join("realms/r/lib")),
-        ["demo_s"],
-        "nothing of the killed install is left beside it"
-    );
 }
