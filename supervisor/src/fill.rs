@@ -69,8 +69,13 @@ impl fetcher::Delegate for FillProcs {
                 return None;
             }
         };
+        let Some(out) = child.stdout.take() else {
+            // Never without its report pipe: the caller installs here once it is gone.
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        };
         (self.started)(pkg);
-        let out = child.stdout.take()?;
         let result = self.follow(pkg, out, placement, hook);
         if result.is_ok() {
             // It goes on to build the shared tree; reaped whenever it is done.
