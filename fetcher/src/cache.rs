@@ -1409,29 +1409,37 @@ async fn flock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
 /// Take the lock of an archive: at once if free, else waiting for it (in a worker thread).
 /// Returns the lock and whether it had to be waited for.
 async fn flock_archive(path: &Path) -> Result<(nix::fcntl::Flock<std::fs::File>, bool)> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .ctx("open lock", path)?;
-    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+    use nix::fcntl::{Flock, FlockArg};
+    match Flock::lock(open_lock(path)?, FlockArg::LockExclusiveNonblock) {
         Ok(held) => Ok((held, false)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => flock(path).await.map(|held| (held, true)),
+        Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
+            let path = path.to_owned();
+            tokio::task::spawn_blocking(move || {
+                Flock::lock(file, FlockArg::LockExclusive)
+                    .map(|held| (held, true))
+                    .map_err(|(_, errno)| FetchError::io("flock", &path, errno.into()))
+            })
+            .await
+            .map_err(|e| FetchError::invalid("flock", e))?
+        }
         Err((_, errno)) => Err(FetchError::io("flock", path, errno.into())),
     }
 }
 
 /// Take an exclusive lock on the file `path` (created if missing), waiting for it.
 fn flock_blocking(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    let file = std::fs::OpenOptions::new()
+    nix::fcntl::Flock::lock(open_lock(path)?, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| FetchError::io("flock", path, errno.into()))
+}
+
+/// Open (creating if missing) the lock file `path`, to flock.
+fn open_lock(path: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)
-        .ctx("open lock", path)?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, errno)| FetchError::io("flock", path, errno.into()))
+        .ctx("open lock", path)
 }
 
 /// File data read out of an archive and not yet written, at most: the parser waits for the
@@ -2175,13 +2183,17 @@ mod tests {
         store.put(&key, data.into()).await.unwrap();
     }
 
+    /// A cache of realm `r` under `tmp/c` whose bucket's `demo` archive is corrupt.
+    async fn cache_of_corrupt_demo(tmp: &Path) -> RealmCache {
+        let store = published(tmp).await;
+        corrupt_archive(store.as_ref(), "demo").await;
+        RealmCache::open(tmp.join("c"), "r", store, FetchConfig::default()).unwrap()
+    }
+
     #[tokio::test]
     async fn corrupted_archive_is_refused_and_nothing_installed() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = published(tmp.path()).await;
-        corrupt_archive(store.as_ref(), "demo").await;
-        let cache =
-            RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
+        let cache = cache_of_corrupt_demo(tmp.path()).await;
         let err = cache.ensure("demo").await.unwrap_err();
         assert!(matches!(err, FetchError::IntegrityMismatch { .. }), "{err}");
         assert_eq!(std::fs::read_dir(cache.lib_dir()).unwrap().count(), 0);
@@ -2706,10 +2718,7 @@ mod tests {
     #[tokio::test]
     async fn a_placed_install_that_fails_takes_its_names_away_again() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = published(tmp.path()).await;
-        corrupt_archive(store.as_ref(), "demo").await;
-        let cache =
-            RealmCache::open(tmp.path().join("c"), "r", store, FetchConfig::default()).unwrap();
+        let cache = cache_of_corrupt_demo(tmp.path()).await;
         let w = watched(&cache);
         let err = cache.ensure("demo").await.unwrap_err();
         assert!(matches!(err, FetchError::IntegrityMismatch { .. }), "{err}");

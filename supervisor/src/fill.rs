@@ -210,6 +210,8 @@ impl Report {
 
     fn say(&self, line: &str) {
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        // The writer waits only for an empty buffer to fill: one wake-up per burst.
+        let first = p.is_empty();
         p.extend(
             line.chars()
                 .take(MAX_LINE - 1)
@@ -217,7 +219,9 @@ impl Report {
                 .as_bytes(),
         );
         p.push(b'\n');
-        self.said.notify_one();
+        if first {
+            self.said.notify_one();
+        }
     }
 
     /// Write what was said, in order (the buffer is taken under the output's lock).
@@ -317,13 +321,13 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
             cause: "not in the realm's index snapshot with that archive".into(),
         })?;
     let lib = cache.lib_dir();
-    let order: HashMap<&str, usize> = pkg
+    // The hook names a file by its lib-dir path; the report by its place in the index.
+    let order: HashMap<PathBuf, usize> = pkg
         .files
         .iter()
         .enumerate()
-        .map(|(i, f)| (f.path.as_str(), i))
+        .map(|(i, f)| (lib.join(&f.path), i))
         .collect();
-    let order: HashMap<PathBuf, usize> = order.into_iter().map(|(p, i)| (lib.join(p), i)).collect();
     cache.set_placement(Arc::new(Placed(report.clone())));
     let r = report.clone();
     cache.set_file_hook(Arc::new(move |_sha: &str, file: &std::path::Path| {
