@@ -1110,19 +1110,14 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
     let cache = tmp.path().join("cache");
     let half = half_delivered(tmp.path(), &cache, "always");
     let (mut child, lines, mut fifo) = (half.child, half.lines, half.fifo);
-    let (bucket, data) = (half.bucket, half.data);
+    let (bucket, archive, data) = (half.bucket, half.archive, half.data);
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
     // The download runs in a fill process of its own.
     let fills = fills_of(&cache);
     assert_eq!(fills.len(), 1, "one fill process: {fills:?}");
     // The blob's reader is blocked on the supervisor when it is killed.
-    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    let pid = child.id() as i32;
+    kill_while_the_blob_waits(&mut child, pid);
     let _ = child.wait();
     // Whatever the proc printed after the kill, never bytes that are not the blob's.
     let after: Vec<String> = std::iter::from_fn(|| line_within(&lines)).collect();
@@ -1150,17 +1145,7 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
     );
 
     // The next run downloads nothing: the realm is complete and mounted.
-    let mut next = spawn_stalled(&bucket, &cache, READ_BLOB, "always");
-    next.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
-    let out = next.wait_with_output().unwrap();
-    show(&out);
-    assert!(out.status.success());
-    use sha2::Digest as _;
-    let sha = hex::encode(sha2::Sha256::digest(&want));
-    assert_eq!(
-        stdout(&out),
-        format!("imported demo_s\nblob {} {sha}\n", want.len())
-    );
+    let out = next_run_completes(tmp.path(), &cache, &bucket, &archive, &data, "always");
     assert!(
         stderr(&out).contains("all 1 packages installed"),
         "{}",
@@ -1171,7 +1156,6 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
 
 #[test]
 fn kill_9_of_the_fill_process_mid_install_gives_errors_never_zeros_and_the_next_run_completes() {
-    use std::io::Write as _;
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
     let half = half_delivered(tmp.path(), &cache, "always");
@@ -1181,13 +1165,8 @@ fn kill_9_of_the_fill_process_mid_install_gives_errors_never_zeros_and_the_next_
     let fills = fills_of(&cache);
     assert_eq!(fills.len(), 1, "one fill process: {fills:?}");
     // The blob's reader is blocked on the install when its process is killed.
-    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(fills[0]),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    let pid = fills[0];
+    kill_while_the_blob_waits(&mut child, pid);
     drop(fifo);
     // The reader gets EIO, the proc goes on and its run ends normally.
     assert_eq!(line_within(&lines).as_deref(), Some("error 5"));
@@ -1211,7 +1190,6 @@ fn kill_9_of_the_fill_process_mid_install_gives_errors_never_zeros_and_the_next_
 
 #[test]
 fn kill_9_of_a_supervisor_downloading_itself_gives_errors_never_zeros_and_the_next_run_completes() {
-    use std::io::Write as _;
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
     let half = half_delivered(tmp.path(), &cache, "never");
@@ -1219,13 +1197,8 @@ fn kill_9_of_a_supervisor_downloading_itself_gives_errors_never_zeros_and_the_ne
     let (bucket, archive, data) = (half.bucket, half.archive, half.data);
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
     // The blob's reader is blocked on the supervisor when it is killed.
-    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    let pid = child.id() as i32;
+    kill_while_the_blob_waits(&mut child, pid);
     let _ = child.wait();
     drop(fifo);
     // Whatever the proc printed after the kill, never bytes that are not the blob's.
@@ -1250,7 +1223,7 @@ fn kill_9_of_a_supervisor_downloading_itself_gives_errors_never_zeros_and_the_ne
 }
 
 /// After a killed install: the next run, with a regular archive again, reads the whole blob,
-/// and the package is installed with no journal left.
+/// and the package is installed with no journal left. Returns that run's output.
 fn next_run_completes(
     tmp: &Path,
     cache: &Path,
@@ -1258,7 +1231,7 @@ fn next_run_completes(
     archive: &Path,
     data: &[u8],
     fill: &str,
-) {
+) -> Output {
     use std::io::Write as _;
     std::fs::remove_file(archive).unwrap();
     std::fs::write(archive, data).unwrap();
@@ -1278,4 +1251,17 @@ fn next_run_completes(
     let state = cache.join("realms/r/state");
     assert!(state.join("demo-s.installed").exists());
     assert!(!state.join("demo-s.pending").exists());
+    out
+}
+
+/// Let the proc of [`READ_BLOB`] ask for the blob, and kill -9 `pid` while that read waits.
+fn kill_while_the_blob_waits(child: &mut std::process::Child, pid: i32) {
+    use std::io::Write as _;
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
 }
