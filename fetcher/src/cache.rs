@@ -1444,8 +1444,16 @@ fn open_lock(path: &Path) -> Result<std::fs::File> {
 
 /// File data read out of an archive and not yet written, at most: the parser waits for the
 /// workers beyond it, so memory stays bounded whatever sizes the index and the archive name.
-/// A larger file is streamed by the parser itself (see [`stream_file`]).
 const IN_FLIGHT: u64 = 64 << 20;
+
+/// A file larger than this goes to its worker in pieces as it is decoded ([`Body::Pieces`]):
+/// the worker hashes and writes one piece while the parser decodes the next, so a large
+/// file is ready about when its last piece is decoded, not a whole decode and a whole write
+/// later, and no file-sized buffer is allocated.
+const PIECE_ABOVE: u64 = 1 << 20;
+/// Bytes of one piece, and how many pieces wait for their worker at most.
+const PIECE: usize = 256 << 10;
+const PIECES_QUEUED: usize = 8;
 
 /// Unpack an archive straight into the staged tree: every entry must be a regular file the
 /// index lists, with the listed sha256 and size, and every listed file must be present. Each
@@ -1516,12 +1524,12 @@ fn unpack_files(
                 let _stop = StopOnPanic(&queue);
                 while let Some(job) = queue.pop() {
                     let result = write_job(pkg, &job, in_place, on_verified);
-                    queue.done(job.size, result);
+                    queue.done(job.reserved, result);
                 }
             });
         }
         let _stop = StopOnPanic(&queue);
-        let parsed = parse_entries(pkg, reader, tree, in_place, &queue, on_verified);
+        let parsed = parse_entries(pkg, reader, tree, in_place, &queue);
         if let Err(e) = &parsed {
             queue.fail(e.clone());
         }
@@ -1644,7 +1652,6 @@ fn parse_entries<'a>(
     tree: &Path,
     in_place: bool,
     queue: &Queue<'a>,
-    on_verified: Option<&FileHook>,
 ) -> Result<HashSet<&'a str>> {
     let expected: HashMap<&str, (&str, u64)> = pkg
         .files
@@ -1696,20 +1703,33 @@ fn parse_entries<'a>(
                 format!("more than {size} bytes"),
             )
         };
-        if size > IN_FLIGHT {
-            stream_file(
-                pkg,
-                &mut entry,
-                key,
-                (sha, size),
-                (&dst, in_place),
-                on_verified,
-                too_long,
-            )?;
+        if size > PIECE_ABOVE {
+            let budget = (PIECE * PIECES_QUEUED) as u64;
+            queue.reserve(budget)?;
+            let (tx, rx) = std::sync::mpsc::sync_channel(PIECES_QUEUED);
+            let (spare_tx, spare_rx) = std::sync::mpsc::sync_channel(PIECES_QUEUED + 1);
+            queue.push(Job {
+                path: key,
+                sha,
+                size,
+                dst,
+                reserved: budget,
+                body: Body::Pieces {
+                    rx,
+                    spare: spare_tx,
+                },
+            })?;
+            let sent = send_pieces(pkg, &mut entry, size, &tx, &spare_rx, queue, too_long);
+            if let Err(e) = sent {
+                // Recorded before the worker sees its file cut short, so this is the error
+                // the install reports.
+                queue.fail(e.clone());
+                return Err(e);
+            }
             continue;
         }
         queue.reserve(size)?;
-        // `size` comes from the index, not the archive: at most IN_FLIGHT, and reserved. The
+        // `size` comes from the index, not the archive: at most PIECE_ABOVE, and reserved. The
         // decoder writes straight into the buffer.
         let mut data = vec![0u8; size as usize];
         let mut n = 0;
@@ -1728,47 +1748,50 @@ fn parse_entries<'a>(
             sha,
             size,
             dst,
-            data,
+            reserved: size,
+            body: Body::Whole(data),
         })?;
     }
     Ok(seen)
 }
 
-/// A file larger than the pipeline holds, written by the parser as it decodes (the workers
-/// go on with the files before it meanwhile).
-fn stream_file(
+/// Decode a large file's bytes into pieces for the worker that took its job (see
+/// [`PIECE_ABOVE`]), reusing the buffers it hands back. The file ends when its sender is
+/// dropped: after its last piece if it was complete, else early, and the worker then writes
+/// nothing more of it and announces nothing.
+fn send_pieces(
     pkg: &Package,
     entry: &mut impl Read,
-    path: &str,
-    (sha, size): (&str, u64),
-    (dst, in_place): (&Path, bool),
-    on_verified: Option<&FileHook>,
+    size: u64,
+    tx: &std::sync::mpsc::SyncSender<(Vec<u8>, usize)>,
+    spare: &std::sync::mpsc::Receiver<Vec<u8>>,
+    queue: &Queue<'_>,
     too_long: impl Fn() -> FetchError,
 ) -> Result<()> {
-    let mut out = create_staged(dst, in_place)?;
-    let mut hasher = Sha256::new();
-    // Pieces the size of write_job's, for the same reason.
-    let mut buf = vec![0u8; 64 << 10];
-    let mut n = 0u64;
+    let mut total = 0u64;
     loop {
-        let k = entry.read(&mut buf).map_err(undecodable(pkg))?;
-        if k == 0 {
-            break;
+        let mut buf = spare.try_recv().unwrap_or_else(|_| vec![0u8; PIECE]);
+        let mut n = 0;
+        while n < buf.len() {
+            match entry.read(&mut buf[n..]).map_err(undecodable(pkg))? {
+                0 => break,
+                k => n += k,
+            }
         }
-        n += k as u64;
-        if n > size {
+        total += n as u64;
+        if total > size {
             return Err(too_long());
         }
-        hasher.update(&buf[..k]);
-        out.write_all(&buf[..k]).ctx("write", dst)?;
+        if n > 0 && tx.send((buf, n)).is_err() {
+            // The worker stopped: its error is the queue's.
+            return Err(queue
+                .failure()
+                .unwrap_or_else(|| FetchError::invalid("unpack", "a file's worker stopped")));
+        }
+        if n < PIECE {
+            return Ok(());
+        }
     }
-    check_file(pkg, path, (sha, size), &hex::encode(hasher.finalize()), n)?;
-    seal(&out, dst, in_place)?;
-    drop(out);
-    if let Some(hook) = on_verified {
-        hook(sha, dst);
-    }
-    Ok(())
 }
 
 /// One file read out of the archive, for a worker to verify and write.
@@ -1778,7 +1801,20 @@ struct Job<'a> {
     sha: &'a str,
     size: u64,
     dst: PathBuf,
-    data: Vec<u8>,
+    /// Bytes of the queue's budget this job holds until it is done.
+    reserved: u64,
+    body: Body,
+}
+
+/// A job's bytes: all of them, or pieces arriving from the parser.
+enum Body {
+    Whole(Vec<u8>),
+    Pieces {
+        /// A piece and how many of its bytes are the file's; ends when the parser drops it.
+        rx: std::sync::mpsc::Receiver<(Vec<u8>, usize)>,
+        /// Written pieces go back to the parser for the next ones.
+        spare: std::sync::mpsc::SyncSender<Vec<u8>>,
+    },
 }
 
 /// Write a file's bytes into the staged tree, hashing them on the way, check them against the
@@ -1792,18 +1828,31 @@ fn write_job(
 ) -> Result<()> {
     let mut out = create_staged(&job.dst, in_place)?;
     let mut hasher = Sha256::new();
-    for piece in job.data.chunks(64 << 10) {
-        hasher.update(piece);
-        out.write_all(piece).ctx("write", &job.dst)?;
-    }
+    let mut write = |data: &[u8]| -> Result<()> {
+        for piece in data.chunks(64 << 10) {
+            hasher.update(piece);
+            out.write_all(piece).ctx("write", &job.dst)?;
+        }
+        Ok(())
+    };
+    let n = match &job.body {
+        Body::Whole(data) => {
+            write(data)?;
+            data.len() as u64
+        }
+        Body::Pieces { rx, spare } => {
+            let mut n = 0u64;
+            for (buf, len) in rx {
+                write(&buf[..len])?;
+                n += len as u64;
+                let _ = spare.try_send(buf);
+            }
+            n
+        }
+    };
     let got = hex::encode(hasher.finalize());
-    check_file(
-        pkg,
-        job.path,
-        (job.sha, job.size),
-        &got,
-        job.data.len() as u64,
-    )?;
+    // A file cut short (the parser stopped) fails here and is never announced.
+    check_file(pkg, job.path, (job.sha, job.size), &got, n)?;
     seal(&out, &job.dst, in_place)?;
     drop(out);
     if let Some(hook) = on_verified {
@@ -1901,6 +1950,11 @@ impl<'a> Queue<'a> {
             state.failed.get_or_insert(e);
         }
         self.changed.notify_all();
+    }
+
+    /// The error that stopped the pipeline, if one did.
+    fn failure(&self) -> Option<FetchError> {
+        lock(&self.state).failed.clone()
     }
 
     /// Record `e` unless an earlier error was, and stop everyone.
@@ -2799,7 +2853,7 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("sha256"), "{err}");
 
-        // A file larger than the pipeline holds is streamed by the parser, with the same checks.
+        // A large file goes to its worker in pieces, with the same checks.
         let root = tmp.path().join("c");
         std::fs::create_dir_all(root.join("cas")).unwrap();
         let big = (64 << 20) + 1;
@@ -2820,6 +2874,18 @@ mod tests {
         pkg.files[0].sha256 = zeros.clone();
         let err = unpack_tree(&pkg, &data[..], &root, &tmp.path().join("t3"), None).unwrap_err();
         assert!(err.to_string().contains(&format!("size {big}")), "{err}");
+        // An entry longer than the index says is cut off after the pieces it may have, and
+        // its worker announces nothing.
+        pkg.files[0].size = 2 << 20;
+        let announced = Arc::new(AtomicU64::new(0));
+        let a2 = announced.clone();
+        let count = move |_: &str, _: &Path| {
+            a2.fetch_add(1, Ordering::Relaxed);
+        };
+        let err =
+            unpack_tree(&pkg, &data[..], &root, &tmp.path().join("t5"), Some(&count)).unwrap_err();
+        assert!(err.to_string().contains("more than"), "{err}");
+        assert_eq!(announced.load(Ordering::Relaxed), 0);
         pkg.files[0].size = big;
         let hooked = Arc::new(AtomicU64::new(0));
         let h2 = hooked.clone();
