@@ -1165,7 +1165,12 @@ impl RealmCache {
                     // The download fills the channel meanwhile.
                     place_skeleton(&pkg2, &tree, &place.lib, &place.pending)?;
                     place.placement.placed(&pkg2);
-                    unpack_files(&pkg2, reader, &root, &place.lib, true, hook.as_deref())
+                    let past_trace = || place.placement.past_trace(&pkg2);
+                    let hooks = Hooks {
+                        on_verified: hook.as_deref(),
+                        past_trace: Some(&past_trace),
+                    };
+                    unpack_files(&pkg2, reader, &root, &place.lib, true, hooks)
                 }
             }
         });
@@ -1227,6 +1232,10 @@ pub trait Placement: Send + Sync {
     /// An install of `pkg` ended (whether or not it placed anything first): with `Ok` the
     /// package is installed (marker written); with `Err` nothing placed is left.
     fn ended(&self, pkg: &Package, result: std::result::Result<(), &FetchError>);
+    /// Every file of `pkg`'s import trace ([`Package::traced`]) is verified: what the install
+    /// writes from here on, an import does not read at its start. Not called for a package
+    /// published without a trace.
+    fn past_trace(&self, _pkg: &Package) {}
 }
 
 /// Runs a package's streaming download in another process ([`RealmCache::set_delegate`]),
@@ -1474,7 +1483,19 @@ fn unpack_tree(
     on_verified: Option<&FileHook>,
 ) -> Result<()> {
     std::fs::create_dir(tree).ctx("create dir", tree)?;
-    unpack_files(pkg, archive, root, tree, false, on_verified)
+    let hooks = Hooks {
+        on_verified,
+        past_trace: None,
+    };
+    unpack_files(pkg, archive, root, tree, false, hooks)
+}
+
+/// What an install tells as it goes: each verified file, and that the files of the import
+/// trace are all verified (see [`Placement::past_trace`]).
+#[derive(Clone, Copy)]
+struct Hooks<'h> {
+    on_verified: Option<&'h FileHook>,
+    past_trace: Option<&'h (dyn Fn() + Sync)>,
 }
 
 /// [`unpack_tree`] into an existing `tree`; `in_place`: the tree is a placed skeleton
@@ -1485,7 +1506,7 @@ fn unpack_files(
     root: &Path,
     tree: &Path,
     in_place: bool,
-    on_verified: Option<&FileHook>,
+    hooks: Hooks<'_>,
 ) -> Result<()> {
     // Tar framing: a header and up to one block of padding per file, pax records, two end
     // blocks; generous, and still a bound.
@@ -1510,6 +1531,11 @@ fn unpack_files(
     };
     let workers = install_threads();
     let queue = Queue::new(workers * 4, IN_FLIGHT);
+    // The archive's first `traced` files: once all are verified, the install is past the trace.
+    let traced = pkg
+        .traced
+        .map_or(0, |n| n.min(pkg.files.len() as u64) as usize);
+    let trace_left = AtomicUsize::new(traced);
     let parsed = std::thread::scope(|s| {
         if let Some((splitter, pool)) = split {
             s.spawn(move || splitter.run());
@@ -1523,13 +1549,21 @@ fn unpack_files(
             s.spawn(|| {
                 let _stop = StopOnPanic(&queue);
                 while let Some(job) = queue.pop() {
-                    let result = write_job(pkg, &job, in_place, on_verified);
+                    let result = write_job(pkg, &job, in_place, hooks.on_verified);
+                    if result.is_ok()
+                        && job.traced
+                        && trace_left.fetch_sub(1, Ordering::AcqRel) == 1
+                    {
+                        if let Some(past_trace) = hooks.past_trace {
+                            past_trace();
+                        }
+                    }
                     queue.done(job.reserved, result);
                 }
             });
         }
         let _stop = StopOnPanic(&queue);
-        let parsed = parse_entries(pkg, reader, tree, in_place, &queue);
+        let parsed = parse_entries(pkg, reader, tree, (in_place, traced), &queue);
         if let Err(e) = &parsed {
             queue.fail(e.clone());
         }
@@ -1650,7 +1684,7 @@ fn parse_entries<'a>(
     pkg: &'a Package,
     reader: impl Read,
     tree: &Path,
-    in_place: bool,
+    (in_place, traced): (bool, usize),
     queue: &Queue<'a>,
 ) -> Result<HashSet<&'a str>> {
     let expected: HashMap<&str, (&str, u64)> = pkg
@@ -1713,6 +1747,7 @@ fn parse_entries<'a>(
                 sha,
                 size,
                 dst,
+                traced: seen.len() <= traced,
                 reserved: budget,
                 body: Body::Pieces {
                     rx,
@@ -1748,6 +1783,7 @@ fn parse_entries<'a>(
             sha,
             size,
             dst,
+            traced: seen.len() <= traced,
             reserved: size,
             body: Body::Whole(data),
         })?;
@@ -1801,6 +1837,8 @@ struct Job<'a> {
     sha: &'a str,
     size: u64,
     dst: PathBuf,
+    /// One of the archive's first [`Package::traced`] files.
+    traced: bool,
     /// Bytes of the queue's budget this job holds until it is done.
     reserved: u64,
     body: Body,
@@ -2573,9 +2611,16 @@ mod tests {
         /// At each announcement: the lib path, its bytes' sha256, its mode.
         verified: Mutex<Vec<(String, String, u32)>>,
         ended: Mutex<Vec<std::result::Result<(), String>>>,
+        /// At `past_trace`: how many files had been announced.
+        past_trace: Mutex<Vec<usize>>,
     }
 
     impl Placement for Watch {
+        fn past_trace(&self, _pkg: &Package) {
+            let announced = lock(&self.verified).len();
+            lock(&self.past_trace).push(announced);
+        }
+
         fn placed(&self, _pkg: &Package) {
             let mut files = Vec::new();
             let mut dirs = vec![self.lib.clone()];
@@ -2646,6 +2691,10 @@ mod tests {
         assert_eq!(verified, expected);
         assert_eq!(*lock(&w.ended), [Ok(())]);
         assert!(cache.is_installed("demo"));
+        assert!(
+            lock(&w.past_trace).is_empty(),
+            "published without an import trace: never past one"
+        );
         // In the CAS, sharing inodes: the two identical files are one stored copy.
         let a = std::fs::metadata(cache.lib_dir().join("demo/data.bin")).unwrap();
         let b = std::fs::metadata(cache.lib_dir().join("demo/sub/copy.bin")).unwrap();
@@ -2933,6 +2982,7 @@ mod tests {
             },
             files,
             bytecode: None,
+            traced: None,
         };
         (pkg, data)
     }

@@ -63,6 +63,11 @@ pub struct Package {
     /// unchecked-hash bytecode compiled at publish time, so a cold import runs no compiler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytecode: Option<String>,
+    /// How many files open the archive because the import trace read them, in the order it
+    /// read them (see `publish`). An install past them is writing what an import does not
+    /// need at its start. Absent: no trace, files in path order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traced: Option<u64>,
 }
 
 impl Package {
@@ -321,6 +326,9 @@ fn validate_package(pkg: &Package) -> Result<()> {
             "archive key outside sigma-lib/pkgs/",
         ));
     }
+    if pkg.traced.is_some_and(|n| n > pkg.files.len() as u64) {
+        return Err(FetchError::invalid(&what, "more traced files than files"));
+    }
     let top: BTreeSet<&str> = pkg.top_level.iter().map(String::as_str).collect();
     if top.is_empty() || top.len() != pkg.top_level.len() {
         return Err(FetchError::invalid(&what, "top_level empty or repeated"));
@@ -400,6 +408,7 @@ pub(crate) mod tests {
                 encoding: Encoding::TarZstd,
             },
             bytecode: None,
+            traced: None,
             files: files
                 .iter()
                 .map(|p| FileEntry {

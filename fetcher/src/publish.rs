@@ -575,6 +575,7 @@ pub(crate) fn build_package_ordered(
         },
         files,
         bytecode,
+        traced: (traced > 0).then_some(traced as u64),
     };
     Ok((pkg, Bytes::from(bytes)))
 }

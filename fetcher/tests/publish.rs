@@ -405,14 +405,68 @@ async fn the_import_trace_puts_what_an_import_reads_first_in_a_frame_of_its_own(
     assert_eq!(rest.len(), 3, "{rest:?}");
     assert_eq!(frames, 2, "the traced files end a frame of their own");
 
-    // The frames are one stream to a reader: the package installs and verifies.
+    // The index says how many files the trace put first.
+    let index = sigma_fetcher::publish::read_index(store.as_ref(), &cfg)
+        .await
+        .unwrap();
+    let pkg = index.package("tracedpkg").unwrap();
+    assert_eq!(pkg.traced, Some(traced.len() as u64));
+
+    // The frames are one stream to a reader: the package installs and verifies. Streamed into
+    // the lib dir, the install says once that it is past the trace, when every traced file
+    // has been announced (verified) and before it ends.
     let cache = RealmCache::open(tmp.path().join("c"), "r", store, cfg).unwrap();
+    let watch = Arc::new(PastTrace {
+        lib: cache.lib_dir(),
+        ..PastTrace::default()
+    });
+    cache.set_placement(watch.clone());
+    let w2 = watch.clone();
+    cache.set_file_hook(Arc::new(move |_sha: &str, path: &Path| {
+        let rel = path.strip_prefix(&w2.lib).unwrap().display().to_string();
+        w2.announced.lock().unwrap().push(rel);
+    }));
     let out = cache.ensure("tracedpkg").await.unwrap();
     assert!(out.fetched);
     assert_eq!(
         std::fs::read(out.dir.join("blob.bin")).unwrap(),
         vec![7u8; 100_000]
     );
+    let at = watch.at_past_trace.lock().unwrap().clone();
+    assert_eq!(at.len(), 1, "once: {at:?}");
+    let (announced, ended) = &at[0];
+    assert!(!ended, "past the trace before the install ended");
+    for t in &traced {
+        assert!(announced.contains(t), "{t} not verified yet: {announced:?}");
+    }
+    assert_eq!(watch.ended.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+/// What a streamed install says about its import trace (see `Placement::past_trace`).
+#[derive(Default)]
+struct PastTrace {
+    lib: PathBuf,
+    announced: std::sync::Mutex<Vec<String>>,
+    ended: std::sync::atomic::AtomicUsize,
+    /// At each `past_trace`: the files announced so far, and whether the install had ended.
+    at_past_trace: std::sync::Mutex<Vec<(Vec<String>, bool)>>,
+}
+
+impl sigma_fetcher::Placement for PastTrace {
+    fn placed(&self, _pkg: &sigma_fetcher::index::Package) {}
+    fn ended(
+        &self,
+        _pkg: &sigma_fetcher::index::Package,
+        _result: Result<(), &sigma_fetcher::FetchError>,
+    ) {
+        self.ended
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn past_trace(&self, _pkg: &sigma_fetcher::index::Package) {
+        let announced = self.announced.lock().unwrap().clone();
+        let ended = self.ended.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        self.at_past_trace.lock().unwrap().push((announced, ended));
+    }
 }
 
 #[tokio::test]
