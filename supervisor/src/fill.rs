@@ -18,6 +18,9 @@
 //! err <kind> <msg> the install failed (kind: notfound or other); nothing placed is left
 //! ```
 //!
+//! Once the files of the package's import trace are verified, the fill process runs on in
+//! `SCHED_IDLE`: the rest is written with CPU the import does not want.
+//!
 //! After `ok` it lets go of the lock, builds the package's shared tree and exits. If the
 //! supervisor has exited meanwhile, its lines go nowhere and the install goes on. If the fill
 //! process dies, its pipe ends without `ok`: every reader waiting on the package gets EIO
@@ -250,6 +253,16 @@ impl Placement for Placed {
         self.0.say_now("placed");
     }
     fn ended(&self, _pkg: &Package, _result: Result<(), &FetchError>) {}
+    /// The files the import reads first are in: the rest of the package is written only with
+    /// CPU nothing else wants, so it never slows the import it was started for (on two cores
+    /// the install's tail took the CPU the import needed). A reader that waits for one of
+    /// those files leaves its CPU idle, so the tail still runs then.
+    fn past_trace(&self, _pkg: &Package) {
+        jail::mark("fill:traced");
+        if let Err(e) = crate::sys::idle_process() {
+            tracing::debug!(error = %e, "the install's tail stays at its priority");
+        }
+    }
 }
 
 /// A fill process's whole life (argv: root, realm, bucket, fetch timeout in seconds, package,

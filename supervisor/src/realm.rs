@@ -88,10 +88,9 @@ pub struct RealmOpts {
     pub lazy: bool,
 
     /// Where a jailed run's downloads run: in a fill process of their own that completes a
-    /// package after the run has exited (`always`), in the supervisor, which then finishes what
-    /// it started before exiting (`never`), or in a fill process where the machine has more
-    /// than two cores (`auto`: the process costs CPU that a 2-core machine takes from the
-    /// import itself).
+    /// package after the run has exited and writes what the import does not read first with
+    /// idle CPU only (`auto`, `always`), or in the supervisor, which then finishes what it
+    /// started before exiting (`never`). An unjailed run always downloads itself.
     #[arg(
         long,
         value_enum,
@@ -115,14 +114,7 @@ impl FillProcess {
     pub fn delegates(self, jailed: bool) -> bool {
         // An unjailed supervisor waits for every child it has: a fill process would hold the
         // run open (see crate::fill).
-        jailed
-            && match self {
-                FillProcess::Always => true,
-                FillProcess::Never => false,
-                FillProcess::Auto => {
-                    std::thread::available_parallelism().is_ok_and(|n| n.get() > 2)
-                }
-            }
+        jailed && self != FillProcess::Never
     }
 }
 
@@ -551,7 +543,7 @@ impl RealmPlan {
             owners: entries.into_iter().map(|e| (e.name, e.package)).collect(),
             superlib,
             cache,
-            rt,
+            rt: Detached::new(rt),
             streams,
             sh: Arc::new(Outcomes {
                 realm: self.opts.realm.clone(),
@@ -753,13 +745,40 @@ pub struct RealmResolver {
     owners: HashMap<String, String>,
     superlib: Served,
     cache: Arc<RealmCache>,
-    rt: tokio::runtime::Runtime,
+    rt: Detached,
     /// Packages being downloaded into the lib dir by this run.
     streams: Arc<Streams>,
     sh: Arc<Outcomes>,
     inline_hits: AtomicU64,
     /// Calls answered inline from a package still being downloaded.
     streamed_hits: AtomicU64,
+}
+
+/// The fetch runtime of a run served by notification. Dropped, it does not wait for its
+/// blocking tasks: a fill process's install goes on without the run (the task reading its
+/// report would otherwise hold the run's exit until the whole package is in), and the installs
+/// the run made itself were waited for by [`Resolver::finish`], or are cut for a proc the user
+/// stopped, as by a kill: the next run recovers them.
+struct Detached {
+    handle: tokio::runtime::Handle,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Detached {
+    fn new(rt: tokio::runtime::Runtime) -> Self {
+        Detached {
+            handle: rt.handle().clone(),
+            rt: Some(rt),
+        }
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// What the resolver remembers of finished ensures (shared with the tasks that run them).
@@ -1156,7 +1175,7 @@ impl Resolver for RealmResolver {
                 rest.to_path_buf(),
             );
             let streams = self.streams.clone();
-            self.rt.spawn(async move {
+            self.rt.handle.spawn(async move {
                 let result = sh.record(&pkg, cache.ensure_path(&rest2).await);
                 // A stream nobody placed (already installed, linked from the store, or failed
                 // before a download) ends here; a placed one usually ended already.

@@ -194,3 +194,30 @@ pub fn sigtimedwait(
     let info = unsafe { info.assume_init() };
     Ok((signo, info.si_code))
 }
+
+/// Move every thread of this process to `SCHED_IDLE`, so it runs only on a CPU nothing else
+/// wants (a thread started later inherits its starter's policy). There is no way back without
+/// `CAP_SYS_NICE`: for a process that ends when its work does. The first failure is returned;
+/// a thread that exits meanwhile is skipped.
+pub fn idle_process() -> Result<(), Errno> {
+    let param = libc::sched_param { sched_priority: 0 };
+    let tasks = std::fs::read_dir("/proc/self/task")
+        .map_err(|e| e.raw_os_error().map_or(Errno::EIO, Errno::from_raw))?;
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: sched_setscheduler reads `param`, a live sched_param, and changes only the
+        // scheduling of `tid`, a thread of this process.
+        let r = unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) };
+        match Errno::result(r) {
+            Ok(_) | Err(Errno::ESRCH) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

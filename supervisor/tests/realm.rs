@@ -1103,6 +1103,94 @@ fn import_while_arriving(fill: &str) {
     assert!(served_early.is_some_and(|n| n > 0), "{err}");
 }
 
+/// Every thread of process `pid` is in `SCHED_IDLE` (field 41 of its `stat`).
+fn all_threads_idle(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let policies: Vec<Option<String>> = tasks
+        .flatten()
+        .map(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            let rest = stat.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(38).map(str::to_owned)
+        })
+        .collect();
+    !policies.is_empty() && policies.iter().all(|p| p.as_deref() == Some("5"))
+}
+
+#[test]
+fn a_run_that_needed_its_package_s_first_files_ends_before_the_rest_arrives() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let (bucket, archive, data) = stalled_bucket(tmp.path());
+    let code = "import demo_s; print('imported', demo_s.NAME)";
+    let mut child = spawn_stalled(&bucket, &cache, code, "auto");
+    let mut fifo = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&archive)
+        .unwrap();
+    fifo.write_all(&data[..data.len() / 2]).unwrap();
+    fifo.flush().unwrap();
+    // The run ends while the rest of the archive has not been sent: its fill process has it.
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = child.wait_with_output().unwrap();
+    show(&out);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the run waited for the rest of its package (or failed)"
+    );
+    assert_eq!(stdout(&out), "imported demo_s\n");
+    let marker = cache.join("realms/r/state/demo-s.installed");
+    assert!(!marker.exists());
+    let fills = fills_of(&cache);
+    assert_eq!(fills.len(), 1, "one fill process: {fills:?}");
+    // Past the import trace (the imported files), the rest is written with idle CPU only.
+    let start = Instant::now();
+    while !all_threads_idle(fills[0]) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the fill process is not in SCHED_IDLE"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    fifo.write_all(&data[data.len() / 2..]).unwrap();
+    drop(fifo);
+    settled(&cache);
+    assert!(marker.exists(), "installed once its fill process ended");
+    // Complete and verified: the next run fetches nothing and reads the blob.
+    let out = sup()
+        .args(["--stats", "--realm", "r", "--bucket", &bucket])
+        .arg("--cache-dir")
+        .arg(&cache)
+        .args([
+            "python3",
+            "-c",
+            "import hashlib; print(hashlib.sha256(open('/sigma/lib/demo_s/blob.bin','rb').read()).hexdigest())",
+        ])
+        .output()
+        .unwrap();
+    show(&out);
+    assert!(out.status.success());
+    let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
+    use sha2::Digest as _;
+    assert_eq!(
+        stdout(&out),
+        format!("{}\n", hex::encode(sha2::Sha256::digest(&want)))
+    );
+}
+
 #[test]
 fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install_completes() {
     use std::io::Write as _;
