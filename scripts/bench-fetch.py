@@ -256,12 +256,22 @@ def main() -> None:
                  if args.rate else None)
         pydir = str(Path(py).parent)
         aws["PATH"] = pydir + ":" + aws.get("PATH", "")
-        run([sup, "publish", "--bucket", "s3://libs", wheel, *needed], env=aws)
         extra = wheels[1:]
-        if extra:
+
+        def make_bucket(name: str) -> None:
             subprocess.run(["curl", "-fsS", "-X", "PUT", "--aws-sigv4", "aws:amz:us-east-1:s3",
-                            "--user", f"{USER}:{PASS}", f"{endpoint}/libs2"], check=True)
-            run([sup, "publish", "--bucket", "s3://libs2", *wheels, *needed], env=aws)
+                            "--user", f"{USER}:{PASS}", f"{endpoint}/{name}"], check=True)
+
+        # Each build reads buckets it published itself (an older build may not read a newer
+        # index): the baseline's sides use buckets of their own, named with "-base".
+        for binary, suffix in [(sup, ""), *([(args.baseline, "-base")] if args.baseline else [])]:
+            if suffix:
+                make_bucket(f"libs{suffix}")
+            run([binary, "publish", "--bucket", f"s3://libs{suffix}", wheel, *needed], env=aws)
+            if extra:
+                make_bucket(f"libs2{suffix}")
+                run([binary, "publish", "--bucket", f"s3://libs2{suffix}", *wheels, *needed],
+                    env=aws)
         code = ("import numpy; numpy.arange(3).sum()" if module == "numpy"
                 else f"import {module}")
         uv_env = dict(aws, UV_NO_PROGRESS="1", UV_PYTHON_DOWNLOADS="never")
@@ -274,6 +284,8 @@ def main() -> None:
         def supervised(cache: Path, bucket: str = "s3://libs", realm: str = "bench",
                        lazy: bool = False, binary: str = sup, partial: bool = False) -> list[str]:
             # A partial realm stays partial only if no run completes it (--no-prefetch).
+            if binary != sup:
+                bucket += "-base"
             return [binary, *(["--lazy"] if lazy else []),
                     *(["--no-prefetch"] if partial else []), "--realm", realm, "--bucket",
                     bucket, "--cache-dir", str(cache), py, "-c", code]
@@ -290,6 +302,10 @@ def main() -> None:
         warm = work / "warm-cache"
         run(supervised(warm), env=aws)
         run(supervised(warm), env=aws)
+        warm_base = work / "warm-base-cache"
+        if args.baseline:
+            run(supervised(warm_base, binary=args.baseline), env=base_env(aws))
+            run(supervised(warm_base, binary=args.baseline), env=base_env(aws))
         partial = work / "partial-cache"
         partial_lazy = work / "partial-lazy-cache"
         partial_lazy_base = work / "partial-lazy-base-cache"
@@ -339,9 +355,10 @@ def main() -> None:
                 sides.append(side("cold base", lambda: run(
                     supervised(work / f"base-cold-cache-{i}", binary=args.baseline), env=base_env(aws))))
                 sides.append(side("new realm base", lambda: run(
-                    supervised(warm, realm=f"base-new-{i}", binary=args.baseline), env=base_env(aws))))
+                    supervised(warm_base, realm=f"base-new-{i}", binary=args.baseline),
+                    env=base_env(aws))))
                 sides.append(side("warm base", lambda: run(
-                    supervised(warm, binary=args.baseline), env=base_env(aws))))
+                    supervised(warm_base, binary=args.baseline), env=base_env(aws))))
             if extra:
                 sides.append(side("partial",
                                   lambda: run(supervised(partial, "s3://libs2", partial=True),
