@@ -687,6 +687,18 @@ impl RealmCache {
             .cloned()
     }
 
+    /// Package `name` of the realm's index snapshot, parsed alone (see
+    /// [`Index::package_from_json`]): for a fill process, which installs one package of a
+    /// snapshot another process took. `None` without a snapshot or without that package.
+    pub fn snapshot_package(&self, name: &str) -> Result<Option<Package>> {
+        let path = self.realm_dir.join("index.json");
+        match std::fs::read(&path) {
+            Ok(data) => Index::package_from_json(self.store.name(), &data, name),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(FetchError::io("read", path, e)),
+        }
+    }
+
     /// Make sure the package providing `name` (an import name such as `numpy` or `numpy.core`,
     /// or a top-level entry such as `six.py`, `numpy.libs`, `numpy-2.1.3.dist-info`) is installed
     /// and verified in this realm. Exactly one download happens machine-wide for concurrent

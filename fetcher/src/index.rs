@@ -199,6 +199,43 @@ impl Index {
         Ok(index)
     }
 
+    /// Package `name` (normalised) of an index document, parsed and checked alone: the others
+    /// are only scanned as JSON. `None` when the index does not list it.
+    pub fn package_from_json(bucket: &str, data: &[u8], name: &str) -> Result<Option<Package>> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Lazy<'a> {
+            format: u32,
+            #[serde(borrow)]
+            packages: BTreeMap<&'a str, &'a serde_json::value::RawValue>,
+        }
+        let what = || format!("{bucket}: {INDEX_KEY}");
+        let file: Lazy =
+            serde_json::from_slice(data).map_err(|e| FetchError::invalid(what(), e))?;
+        if file.format != FORMAT {
+            return Err(FetchError::invalid(
+                what(),
+                format!(
+                    "format {} is not supported (expected {FORMAT})",
+                    file.format
+                ),
+            ));
+        }
+        let Some(raw) = file.packages.get(name) else {
+            return Ok(None);
+        };
+        let pkg: Package =
+            serde_json::from_str(raw.get()).map_err(|e| FetchError::invalid(what(), e))?;
+        if pkg.name != name {
+            return Err(FetchError::invalid(
+                what(),
+                format!("package key {name:?} names {:?}", pkg.name),
+            ));
+        }
+        validate_package(&pkg)?;
+        Ok(Some(pkg))
+    }
+
     /// Serialise (pretty, sorted, so diffs of the bucket's index stay readable).
     pub fn to_json(&self) -> Vec<u8> {
         let file = IndexFile {
@@ -505,6 +542,35 @@ pub(crate) mod tests {
         let six = entries.iter().find(|e| e.name == "six.py").unwrap();
         assert!(!six.is_dir);
         assert!(entries.iter().find(|e| e.name == "numpy").unwrap().is_dir);
+    }
+
+    #[test]
+    fn one_package_of_an_index_is_parsed_and_checked_alone() {
+        let mut idx = Index::new();
+        let mut b = pkg("b", &["b/__init__.py", "b/c.py"]);
+        b.traced = Some(1);
+        idx.insert("x", pkg("a", &["a/__init__.py"])).unwrap();
+        idx.insert("x", b.clone()).unwrap();
+        let json = idx.to_json();
+        assert_eq!(Index::package_from_json("x", &json, "b").unwrap(), Some(b));
+        assert_eq!(Index::package_from_json("x", &json, "zz").unwrap(), None);
+        let text = String::from_utf8(json).unwrap();
+        // A package that fails its checks is refused, whichever is asked for alone.
+        let bad = text.replace(&"b".repeat(64), "not a sha");
+        let e = Index::package_from_json("x", bad.as_bytes(), "b").unwrap_err();
+        assert!(e.to_string().contains("bad sha256"), "{e}");
+        // The key must name the package; the format must be known; unknown fields are refused.
+        let renamed = text.replace("\"name\": \"b\"", "\"name\": \"c\"");
+        let e = Index::package_from_json("x", renamed.as_bytes(), "b").unwrap_err();
+        assert!(e.to_string().contains("names \"c\""), "{e}");
+        let future = text.replace("\"format\": 1", "\"format\": 9");
+        assert!(Index::package_from_json("x", future.as_bytes(), "a")
+            .unwrap_err()
+            .to_string()
+            .contains("format 9"));
+        let extra = text.replace("\"format\": 1", "\"format\": 1, \"extra\": 0");
+        assert!(Index::package_from_json("x", extra.as_bytes(), "a").is_err());
+        assert!(Index::package_from_json("x", b"{", "a").is_err());
     }
 
     #[test]

@@ -320,15 +320,13 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
     let store: Arc<dyn fetcher::Store> =
         Arc::new(LazyStore::new(bucket, &StoreOptions::default(), &cfg)?);
     let cache = RealmCache::open(root, realm, store, cfg)?;
-    // The snapshot the supervisor read: the same package, the same file order.
+    // The snapshot the supervisor read: the same package, the same file order. Only this
+    // package is parsed (a realm of many packages has a large index).
     jail::mark("fill:open");
-    let index = rt.block_on(cache.index())?;
+    let pkg = cache.snapshot_package(name)?;
     jail::mark("fill:index");
-    let pkg = index
-        .packages()
-        .get(name.as_str())
+    let pkg = pkg
         .filter(|p| &p.archive.sha256 == sha)
-        .cloned()
         .ok_or_else(|| FetchError::Invalid {
             what: format!("package {name}"),
             cause: "not in the realm's index snapshot with that archive".into(),
