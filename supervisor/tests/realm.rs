@@ -1192,6 +1192,50 @@ fn a_run_that_needed_its_package_s_first_files_ends_before_the_rest_arrives() {
 }
 
 #[test]
+fn a_fill_process_builds_the_shared_tree_once_its_run_has_ended() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let (bucket, archive, data) = stalled_bucket(tmp.path());
+    // The proc reads the whole package, then stays until told to go.
+    let code = format!("{READ_BLOB}\nsys.stdin.readline()\n");
+    let mut child = spawn_stalled(&bucket, &cache, &code, "always");
+    let lines = lines_of(child.stdout.take().unwrap());
+    let mut fifo = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&archive)
+        .unwrap();
+    fifo.write_all(&data).unwrap();
+    drop(fifo);
+    assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    let blob = line_within(&lines).unwrap_or_default();
+    assert!(blob.starts_with("blob "), "{blob}");
+    let marker = cache.join("realms/r/state/demo-s.installed");
+    let start = Instant::now();
+    while !marker.exists() {
+        assert!(start.elapsed() < Duration::from_secs(30), "never installed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Installed, and the run goes on: its fill process waits with the package's shared tree
+    // (a link per file, for other realms) until the run is over.
+    assert_eq!(fills_of(&cache).len(), 1);
+    assert_eq!(listdir(&cache.join("trees")), Vec::<String>::new());
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    show(&out);
+    assert!(out.status.success());
+    settled(&cache);
+    let trees = listdir(&cache.join("trees"));
+    assert_eq!(trees.len(), 1, "{trees:?}");
+    assert!(cache
+        .join("trees")
+        .join(&trees[0])
+        .join("demo_s/blob.bin")
+        .exists());
+}
+
+#[test]
 fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install_completes() {
     use std::io::Write as _;
     let tmp = tempfile::tempdir().unwrap();
