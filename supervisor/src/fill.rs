@@ -264,11 +264,25 @@ impl Placement for Placed {
     /// CPU nothing else wants, so it never slows the import it was started for (on two cores
     /// the install's tail took the CPU the import needed). A reader that waits for one of
     /// those files leaves its CPU idle, so the tail still runs then.
+    ///
+    /// Only while that run lasts: once it has ended, the tail goes back to normal scheduling
+    /// where the process may (root), so that an idle thread holding a lock others need (the
+    /// `cas/` directory's, say) is not starved by whatever keeps the CPUs busy then.
     fn past_trace(&self, _pkg: &Package) {
         jail::mark("fill:traced");
         if let Err(e) = crate::sys::idle_process() {
             tracing::debug!(error = %e, "the install's tail stays at its priority");
+            return;
         }
+        let _ = std::thread::Builder::new()
+            .name("sigma-fill-wake".into())
+            .spawn(|| {
+                after_the_run(None);
+                match crate::sys::normal_process() {
+                    Ok(()) => jail::mark("fill:normal"),
+                    Err(e) => tracing::debug!(error = %e, "the install's tail stays idle"),
+                }
+            });
     }
 }
 
@@ -280,16 +294,24 @@ impl Placement for Placed {
 const TREE_AFTER: Duration = Duration::from_secs(30);
 
 /// Wait until the report pipe's reader has gone (the run that started this fill process
-/// ended) or `bound` has passed.
-fn after_the_run(bound: Duration) {
+/// ended) or `bound`, if any, has passed.
+fn after_the_run(bound: Option<Duration>) {
     use std::os::fd::AsFd as _;
     let stdout = std::io::stdout();
-    let mut fds = [nix::poll::PollFd::new(
-        stdout.as_fd(),
-        nix::poll::PollFlags::empty(),
-    )];
-    let ms = u16::try_from(bound.as_millis()).unwrap_or(u16::MAX);
-    let _ = nix::poll::poll(&mut fds, ms);
+    let timeout = match bound {
+        Some(b) => nix::poll::PollTimeout::from(u16::try_from(b.as_millis()).unwrap_or(u16::MAX)),
+        None => nix::poll::PollTimeout::NONE,
+    };
+    loop {
+        let mut fds = [nix::poll::PollFd::new(
+            stdout.as_fd(),
+            nix::poll::PollFlags::empty(),
+        )];
+        match nix::poll::poll(&mut fds, timeout) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            _ => return,
+        }
+    }
 }
 
 /// A fill process's whole life (argv: root, realm, bucket, fetch timeout in seconds, package,
@@ -380,7 +402,7 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
     let _ = nix::unistd::dup2_stdin(
         std::fs::File::open("/dev/null").map_err(|e| FetchError::io("open", "/dev/null", e))?,
     );
-    after_the_run(TREE_AFTER);
+    after_the_run(Some(TREE_AFTER));
     if let Err(e) = cache.share_tree(&pkg) {
         tracing::debug!(error = %e, package = %pkg.name, "no shared tree");
     }

@@ -200,6 +200,16 @@ pub fn sigtimedwait(
 /// `CAP_SYS_NICE`: for a process that ends when its work does. The first failure is returned;
 /// a thread that exits meanwhile is skipped.
 pub fn idle_process() -> Result<(), Errno> {
+    every_thread(libc::SCHED_IDLE)
+}
+
+/// Move every thread of this process back to `SCHED_OTHER` (nice unchanged). Leaving
+/// `SCHED_IDLE` needs `CAP_SYS_NICE` (or an RLIMIT_NICE that allows nice 0): EPERM otherwise.
+pub fn normal_process() -> Result<(), Errno> {
+    every_thread(libc::SCHED_OTHER)
+}
+
+fn every_thread(policy: i32) -> Result<(), Errno> {
     let param = libc::sched_param { sched_priority: 0 };
     let tasks = std::fs::read_dir("/proc/self/task")
         .map_err(|e| e.raw_os_error().map_or(Errno::EIO, Errno::from_raw))?;
@@ -213,7 +223,7 @@ pub fn idle_process() -> Result<(), Errno> {
         };
         // SAFETY: sched_setscheduler reads `param`, a live sched_param, and changes only the
         // scheduling of `tid`, a thread of this process.
-        let r = unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) };
+        let r = unsafe { libc::sched_setscheduler(tid, policy, &param) };
         match Errno::result(r) {
             Ok(_) | Err(Errno::ESRCH) => {}
             Err(e) => return Err(e),
