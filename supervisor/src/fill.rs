@@ -19,7 +19,8 @@
 //! ```
 //!
 //! Once the files of the package's import trace are verified, the fill process runs on in
-//! `SCHED_IDLE`: the rest is written with CPU the import does not want.
+//! `SCHED_IDLE` until the run has ended: the rest is written with CPU the import does not
+//! want. Then it returns to normal scheduling where it may (root).
 //!
 //! After `ok` it lets go of the lock, waits for the run to end (its report pipe closes; at
 //! most [`TREE_AFTER`]), builds the package's shared tree and exits. If the
