@@ -495,3 +495,65 @@ async fn publishing_twice_makes_the_same_archive() {
         "content-addressed: one object for the same content"
     );
 }
+
+#[tokio::test]
+async fn a_dependency_s_files_that_another_package_s_import_reads_come_within_its_trace() {
+    use sigma_fetcher::publish::{publish_with, PublishOptions};
+    use sigma_fetcher::store::memory::MemoryStore;
+    use sigma_fetcher::TraceRunner;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    // `import depa` reads its __init__ only; `import usesa` reads depa.extra too.
+    let depa = src.join("a/depa");
+    std::fs::create_dir_all(&depa).unwrap();
+    std::fs::write(depa.join("__init__.py"), "X = 1\n").unwrap();
+    std::fs::write(depa.join("extra.py"), "Y = 2\n").unwrap();
+    std::fs::write(depa.join("aaa_unused.py"), "Z = 3\n").unwrap();
+    let usesa = src.join("b/usesa");
+    std::fs::create_dir_all(&usesa).unwrap();
+    std::fs::write(usesa.join("__init__.py"), "import depa.extra\n").unwrap();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new("t"));
+    let cfg = FetchConfig::default();
+    // Trusted test packages: the interpreter runs them directly.
+    let runner = TraceRunner(Arc::new(|python: &Path, _dir: &Path, args: &[_]| {
+        let mut c = Command::new(python);
+        c.args(args);
+        c
+    }));
+    let opts = PublishOptions {
+        compile_with: Some("python3".into()),
+        compile_required: true,
+        trace: Some(runner),
+    };
+    let source = PublishSource::Several(vec![
+        PublishSource::PackageDir(depa),
+        PublishSource::PackageDir(usesa),
+    ]);
+    let r = publish_with(store.as_ref(), &source, &cfg, &opts)
+        .await
+        .unwrap();
+    let tag = python_cache_tag();
+    let key = &r
+        .packages
+        .iter()
+        .find(|p| p.name == "depa")
+        .unwrap()
+        .archive_key;
+    let data = sigma_fetcher::store::get_bytes(store.as_ref(), key, &cfg)
+        .await
+        .unwrap();
+    let (names, _) = archive_layout(&data);
+    // Its own import's files, then what usesa's import read of it, then the rest.
+    let traced = [
+        "depa/__init__.py".to_string(),
+        format!("depa/__pycache__/__init__.{tag}.pyc"),
+        "depa/extra.py".to_string(),
+        format!("depa/__pycache__/extra.{tag}.pyc"),
+    ];
+    assert_eq!(names[..traced.len()], traced, "{names:?}");
+    let index = read_index(store.as_ref(), &cfg).await.unwrap();
+    assert_eq!(
+        index.package("depa").unwrap().traced,
+        Some(traced.len() as u64)
+    );
+}
