@@ -82,9 +82,12 @@ impl Setup {
         c
     }
 
+    /// Run `code`; then wait for the run's fill processes, so the next step finds what this
+    /// run installed (a run ends without waiting for them).
     fn run(&self, lazy: bool, code: &str) -> Output {
         let o = self.cmd(lazy, code).output().unwrap();
         eprintln!("--- stdout\n{}--- stderr\n{}", stdout(&o), stderr(&o));
+        interp::settled(&self.cache());
         o
     }
 

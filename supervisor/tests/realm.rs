@@ -62,9 +62,12 @@ impl Realm<'_> {
             .args(["python3", "-c", code]);
         c
     }
+    /// Run `code`; then wait for the run's fill processes, so the next step finds what this
+    /// run installed (a run ends without waiting for them).
     fn py(&self, code: &str) -> Output {
         let out = self.cmd(code).output().expect("run sigma-supervise");
         show(&out);
+        interp::settled(self.cache);
         out
     }
     fn lib(&self) -> PathBuf {
@@ -414,6 +417,7 @@ fn a_run_completes_a_realm_it_has_mostly_installed_and_the_next_start_is_a_mount
             .output()
             .unwrap();
         show(&o);
+        interp::settled(&cache);
         o
     };
     // (The completion is abandoned if the target exits first; this one stays a moment.)
@@ -701,7 +705,7 @@ fn realms_starting_together_download_an_archive_once() {
         .cmd(code)
     });
     let total = downloads_of_crowd(runs, 8 << 20);
-    settled(&cache);
+    interp::settled(&cache);
     assert_eq!(total, 1, "one download across four realms");
     // Each realm has the package, and every copy is the one stored file.
     let inodes: std::collections::HashSet<u64> = names
@@ -792,7 +796,7 @@ fn kill_9_during_a_cold_import_never_gives_wrong_bytes_and_the_next_run_complete
                 std::fs::read(pkg.join(f)).unwrap()
             );
         }
-        settled(&cache);
+        interp::settled(&cache);
         assert!(
             listdir(&cache.join("realms/r/staging")).is_empty(),
             "staging left after the next run"
@@ -858,6 +862,7 @@ fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
             .env_remove("XDG_CACHE_HOME")
             .output()
             .unwrap();
+        interp::settled(&cache);
         show(&out);
         out
     };
@@ -964,39 +969,6 @@ fn spawn_stalled(bucket: &str, cache: &Path, code: &str, fill: &str) -> std::pro
         .expect("run sigma-supervise")
 }
 
-/// Pids of the fill processes installing into the cache root `cache` (argv: the fill
-/// process's name, then the root).
-fn fills_of(cache: &Path) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let mut args = cmdline.split(|b| *b == 0);
-        if args.next() == Some(b"sigma-supervise-fill")
-            && args.next() == Some(cache.as_os_str().as_encoded_bytes())
-        {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-/// Wait until no fill process installs into `cache` (at most 60 s).
-fn settled(cache: &Path) {
-    let start = Instant::now();
-    while !fills_of(cache).is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "a fill process still runs after 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// The next line of a child's stdout, or `None` after 30 s or at its end.
 fn line_within(rx: &std::sync::mpsc::Receiver<String>) -> Option<String> {
     rx.recv_timeout(Duration::from_secs(30)).ok()
@@ -1092,7 +1064,7 @@ fn import_while_arriving(fill: &str) {
     let sha = hex::encode(sha2::Sha256::digest(&want));
     assert_eq!(blob, format!("blob {} {sha}", want.len()));
     // The install's fill process writes the marker, then lets the run's waiters go.
-    settled(&cache);
+    interp::settled(&cache);
     assert!(marker.exists(), "installed once its fill process ended");
     let err = stderr(&out);
     let served_early = err
@@ -1148,7 +1120,7 @@ fn a_run_that_needed_its_package_s_first_files_ends_before_the_rest_arrives() {
     fifo.write_all(&data[..data.len() / 2]).unwrap();
     fifo.flush().unwrap();
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
-    let fills = fills_of(&cache);
+    let fills = interp::fills_of(&cache);
     assert_eq!(fills.len(), 1, "one fill process: {fills:?}");
     // Past the import trace (the imported files), while the run lasts, the rest is written
     // with idle CPU only.
@@ -1175,7 +1147,7 @@ fn a_run_that_needed_its_package_s_first_files_ends_before_the_rest_arrives() {
     let marker = cache.join("realms/r/state/demo-s.installed");
     assert!(!marker.exists());
     assert_eq!(
-        fills_of(&cache),
+        interp::fills_of(&cache),
         fills,
         "the fill process ended with the run"
     );
@@ -1185,7 +1157,7 @@ fn a_run_that_needed_its_package_s_first_files_ends_before_the_rest_arrives() {
     }
     fifo.write_all(&data[data.len() / 2..]).unwrap();
     drop(fifo);
-    settled(&cache);
+    interp::settled(&cache);
     assert!(marker.exists(), "installed once its fill process ended");
     // Complete and verified: the next run fetches nothing and reads the blob.
     let out = sup()
@@ -1237,13 +1209,13 @@ fn a_fill_process_builds_the_shared_tree_once_its_run_has_ended() {
     }
     // Installed, and the run goes on: its fill process waits with the package's shared tree
     // (a link per file, for other realms) until the run is over.
-    assert_eq!(fills_of(&cache).len(), 1);
+    assert_eq!(interp::fills_of(&cache).len(), 1);
     assert_eq!(listdir(&cache.join("trees")), Vec::<String>::new());
     child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
     let out = child.wait_with_output().unwrap();
     show(&out);
     assert!(out.status.success());
-    settled(&cache);
+    interp::settled(&cache);
     let trees = listdir(&cache.join("trees"));
     assert_eq!(trees.len(), 1, "{trees:?}");
     assert!(cache
@@ -1263,7 +1235,7 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
     let (bucket, archive, data) = (half.bucket, half.archive, half.data);
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
     // The download runs in a fill process of its own.
-    let fills = fills_of(&cache);
+    let fills = interp::fills_of(&cache);
     assert_eq!(fills.len(), 1, "one fill process: {fills:?}");
     // The blob's reader is blocked on the supervisor when it is killed.
     let pid = child.id() as i32;
@@ -1279,13 +1251,13 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
     let state = cache.join("realms/r/state");
     assert!(!state.join("demo-s.installed").exists());
     assert_eq!(
-        fills_of(&cache),
+        interp::fills_of(&cache),
         fills,
         "the fill process died with its supervisor"
     );
     fifo.write_all(&data[data.len() / 2..]).unwrap();
     drop(fifo);
-    settled(&cache);
+    interp::settled(&cache);
     assert!(state.join("demo-s.installed").exists());
     assert!(!state.join("demo-s.pending").exists());
     let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
@@ -1312,7 +1284,7 @@ fn kill_9_of_the_fill_process_mid_install_gives_errors_never_zeros_and_the_next_
     let (mut child, lines, fifo) = (half.child, half.lines, half.fifo);
     let (bucket, archive, data) = (half.bucket, half.archive, half.data);
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
-    let fills = fills_of(&cache);
+    let fills = interp::fills_of(&cache);
     assert_eq!(fills.len(), 1, "one fill process: {fills:?}");
     // The blob's reader is blocked on the install when its process is killed.
     let pid = fills[0];
@@ -1358,7 +1330,7 @@ fn kill_9_of_a_supervisor_downloading_itself_gives_errors_never_zeros_and_the_ne
         "a blocked reader gets an error or nothing: {after:?}"
     );
     // Left behind: a placed skeleton and its journal, no marker (no fill process ran).
-    assert!(fills_of(&cache).is_empty());
+    assert!(interp::fills_of(&cache).is_empty());
     let state = cache.join("realms/r/state");
     assert!(state.join("demo-s.pending").exists());
     assert!(!state.join("demo-s.installed").exists());
@@ -1397,7 +1369,7 @@ fn next_run_completes(
         stdout(&out),
         format!("imported demo_s\nblob {} {sha}\n", want.len())
     );
-    settled(cache);
+    interp::settled(cache);
     let state = cache.join("realms/r/state");
     assert!(state.join("demo-s.installed").exists());
     assert!(!state.join("demo-s.pending").exists());

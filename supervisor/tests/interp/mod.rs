@@ -2,6 +2,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// The real interpreter behind `python3`. On pyenv machines `python3` is a bash shim; the tests
 /// measure and trace the interpreter itself, so they put its directory first on PATH.
@@ -29,4 +30,39 @@ pub fn supervisor() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_sigma-supervise"));
     c.env("PATH", path).env_remove("RUST_LOG");
     c
+}
+
+/// Pids of the fill processes installing into the cache root `cache` (argv: the fill
+/// process's name, then the root).
+#[allow(dead_code)]
+pub fn fills_of(cache: &Path) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let mut args = cmdline.split(|b| *b == 0);
+        if args.next() == Some(b"sigma-supervise-fill")
+            && args.next() == Some(cache.as_os_str().as_encoded_bytes())
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Wait until no fill process installs into `cache` (at most 60 s).
+#[allow(dead_code)]
+pub fn settled(cache: &Path) {
+    let start = Instant::now();
+    while !fills_of(cache).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "a fill process still runs after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
