@@ -843,7 +843,7 @@ impl RealmCache {
         use futures::StreamExt as _;
         let index = self.index().await?;
         let mut seen = HashSet::new();
-        let wanted: Vec<String> = names
+        let mut wanted: Vec<String> = names
             .iter()
             .filter(|n| {
                 index
@@ -852,6 +852,17 @@ impl RealmCache {
             })
             .cloned()
             .collect();
+        // And what their imports read of other packages (recorded at publish), by a
+        // top-level name of each: fetched now rather than when the import first touches them.
+        let reads: Vec<String> = wanted
+            .iter()
+            .filter_map(|n| index.package_for_name(n))
+            .flat_map(|p| p.reads.iter())
+            .filter_map(|r| index.package(r))
+            .filter(|p| seen.insert(p.name.clone()))
+            .filter_map(|p| p.top_level.first().cloned())
+            .collect();
+        wanted.extend(reads);
         Ok(futures::stream::iter(wanted)
             .map(|n| async move { self.ensure(&n).await })
             .buffer_unordered(parallel.max(1))
@@ -2995,6 +3006,7 @@ mod tests {
             files,
             bytecode: None,
             traced: None,
+            reads: Vec::new(),
         };
         (pkg, data)
     }

@@ -14,6 +14,8 @@ pub const INDEX_KEY: &str = "sigma-lib/index-v1.json";
 pub const PKG_PREFIX: &str = "sigma-lib/pkgs/";
 /// Format number written into the index.
 pub const FORMAT: u32 = 1;
+/// The most other packages one package's entry may name in `reads`.
+pub const MAX_READS: usize = 1024;
 
 /// One file of a package, at `path` relative to the lib dir (e.g. `numpy/__init__.py`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +70,10 @@ pub struct Package {
     /// need at its start. Absent: no trace, files in path order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traced: Option<u64>,
+    /// The other packages of the bucket whose files this package's import read at publish (its
+    /// import trace), in the order first read: fetched with it, before the import asks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reads: Vec<String>,
 }
 
 impl Package {
@@ -366,6 +372,18 @@ fn validate_package(pkg: &Package) -> Result<()> {
     if pkg.traced.is_some_and(|n| n > pkg.files.len() as u64) {
         return Err(FetchError::invalid(&what, "more traced files than files"));
     }
+    let mut read = HashSet::new();
+    for r in &pkg.reads {
+        if r.is_empty() || normalize_dist_name(r) != *r || *r == pkg.name || !read.insert(r) {
+            return Err(FetchError::invalid(
+                &what,
+                format!("reads {r:?}: not another package's normalised name, once"),
+            ));
+        }
+    }
+    if pkg.reads.len() > MAX_READS {
+        return Err(FetchError::invalid(&what, "reads too many packages"));
+    }
     let top: BTreeSet<&str> = pkg.top_level.iter().map(String::as_str).collect();
     if top.is_empty() || top.len() != pkg.top_level.len() {
         return Err(FetchError::invalid(&what, "top_level empty or repeated"));
@@ -446,6 +464,7 @@ pub(crate) mod tests {
             },
             bytecode: None,
             traced: None,
+            reads: Vec::new(),
             files: files
                 .iter()
                 .map(|p| FileEntry {
@@ -542,6 +561,20 @@ pub(crate) mod tests {
         let six = entries.iter().find(|e| e.name == "six.py").unwrap();
         assert!(!six.is_dir);
         assert!(entries.iter().find(|e| e.name == "numpy").unwrap().is_dir);
+    }
+
+    #[test]
+    fn what_a_package_reads_names_other_packages_once() {
+        let mut p = pkg("p", &["p/a.py"]);
+        p.reads = vec!["q".into(), "r-s".into()];
+        validate_package(&p).unwrap();
+        for bad in [vec!["p"], vec!["q", "q"], vec!["R_S"], vec![""]] {
+            p.reads = bad.iter().map(|s| s.to_string()).collect();
+            let e = validate_package(&p).unwrap_err().to_string();
+            assert!(e.contains("reads"), "{bad:?}: {e}");
+        }
+        p.reads = (0..=MAX_READS).map(|i| format!("q{i}")).collect();
+        assert!(validate_package(&p).is_err());
     }
 
     #[test]

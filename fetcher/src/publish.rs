@@ -384,7 +384,7 @@ fn trace_imports(
     dists: &[(Distribution, Option<String>)],
     python: &Path,
     runner: &TraceRunner,
-) -> Result<HashMap<String, Vec<String>>> {
+) -> Result<Traces> {
     let tmp = tempfile::tempdir().map_err(|e| FetchError::io("create temp dir", "/tmp", e))?;
     let site = tmp.path().join("site");
     for (d, _) in dists {
@@ -428,8 +428,26 @@ fn trace_imports(
             .collect();
         touched.push((d.name.as_str(), read));
     }
-    let mut traces = HashMap::new();
+    let mut traces = Traces::default();
     for (d, _) in dists {
+        // The other distributions its own import read, in the order first read.
+        let mut reads: Vec<String> = Vec::new();
+        for (_, read) in touched.iter().filter(|(name, _)| *name == d.name) {
+            for p in read {
+                if let Some((o, _)) = dists
+                    .iter()
+                    .find(|(o, _)| o.name != d.name && o.files.contains_key(p))
+                {
+                    if !reads.contains(&o.name) {
+                        reads.push(o.name.clone());
+                    }
+                }
+            }
+        }
+        if !reads.is_empty() {
+            reads.truncate(crate::index::MAX_READS);
+            traces.reads.insert(d.name.clone(), reads);
+        }
         let of_d = |read: &Vec<String>| -> Vec<String> {
             read.iter()
                 .filter(|p| d.files.contains_key(*p))
@@ -450,10 +468,18 @@ fn trace_imports(
         );
         tracing::debug!(package = %d.name, files = by_itself, with_others = own.len(), "import trace");
         if !own.is_empty() {
-            traces.insert(d.name.clone(), own);
+            traces.first.insert(d.name.clone(), own);
         }
     }
     Ok(traces)
+}
+
+/// What the import traces of a publish found, per distribution: its files to put first
+/// (see [`trace_imports`]) and the other distributions its import read.
+#[derive(Default)]
+struct Traces {
+    first: HashMap<String, Vec<String>>,
+    reads: HashMap<String, Vec<String>>,
 }
 
 /// How long one import trace may run: a package whose import blocks is traced up to here.
@@ -600,6 +626,7 @@ pub(crate) fn build_package_ordered(
         files,
         bytecode,
         traced: (traced > 0).then_some(traced as u64),
+        reads: Vec::new(),
     };
     Ok((pkg, Bytes::from(bytes)))
 }
@@ -672,12 +699,14 @@ pub async fn publish_with(
         }
         let traces = match (&opts2.compile_with, &opts2.trace, &skipped) {
             (Some(py), Some(runner), None) => trace_imports(&dists, py, runner)?,
-            _ => HashMap::new(),
+            _ => Traces::default(),
         };
         let mut built = Vec::new();
         for (d, tag) in dists {
-            let first = traces.get(&d.name).map_or(&[][..], Vec::as_slice);
-            built.push(build_package_ordered(&d, Encoding::TarZstd, tag, first)?);
+            let first = traces.first.get(&d.name).map_or(&[][..], Vec::as_slice);
+            let (mut pkg, bytes) = build_package_ordered(&d, Encoding::TarZstd, tag, first)?;
+            pkg.reads = traces.reads.get(&d.name).cloned().unwrap_or_default();
+            built.push((pkg, bytes));
         }
         Ok::<_, FetchError>((built, skipped))
     })

@@ -556,4 +556,12 @@ async fn a_dependency_s_files_that_another_package_s_import_reads_come_within_it
         index.package("depa").unwrap().traced,
         Some(traced.len() as u64)
     );
+    // usesa's import read depa: recorded, and fetched with it.
+    assert_eq!(index.package("usesa").unwrap().reads, ["depa"]);
+    assert!(index.package("depa").unwrap().reads.is_empty());
+    let cache = RealmCache::open(tmp.path().join("c"), "r", store, cfg).unwrap();
+    let outs = cache.prefetch(&["usesa".to_string()], 4).await.unwrap();
+    assert_eq!(outs.len(), 2, "usesa and what it reads");
+    assert!(outs.iter().all(|o| o.as_ref().is_ok_and(|o| o.fetched)));
+    assert!(cache.is_installed("depa") && cache.is_installed("usesa"));
 }
