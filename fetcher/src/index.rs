@@ -93,11 +93,42 @@ pub struct TopLevelEntry {
     pub package: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// The index document; `P` is how far each package is parsed (`Package`, or a `RawValue` to
+/// parse one of them alone).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct IndexFile {
+struct IndexFile<P = Package> {
     format: u32,
-    packages: BTreeMap<String, Package>,
+    packages: BTreeMap<String, P>,
+}
+
+impl<'de, P: Deserialize<'de>> IndexFile<P> {
+    /// Parse an index document of `bucket` and check its format.
+    fn parse(bucket: &str, data: &'de [u8]) -> Result<Self> {
+        let file: Self = serde_json::from_slice(data)
+            .map_err(|e| FetchError::invalid(format!("{bucket}: {INDEX_KEY}"), e))?;
+        if file.format != FORMAT {
+            return Err(FetchError::invalid(
+                format!("{bucket}: {INDEX_KEY}"),
+                format!(
+                    "format {} is not supported (expected {FORMAT})",
+                    file.format
+                ),
+            ));
+        }
+        Ok(file)
+    }
+}
+
+/// A package is listed under its own name.
+fn check_key(bucket: &str, key: &str, pkg: &Package) -> Result<()> {
+    if key != pkg.name {
+        return Err(FetchError::invalid(
+            format!("{bucket}: {INDEX_KEY}"),
+            format!("package key {key:?} names {:?}", pkg.name),
+        ));
+    }
+    Ok(())
 }
 
 /// The parsed, validated index.
@@ -181,25 +212,10 @@ impl Index {
 
     /// Parse and validate the JSON of an index object.
     pub fn from_json(bucket: &str, data: &[u8]) -> Result<Self> {
-        let file: IndexFile = serde_json::from_slice(data)
-            .map_err(|e| FetchError::invalid(format!("{bucket}: {INDEX_KEY}"), e))?;
-        if file.format != FORMAT {
-            return Err(FetchError::invalid(
-                format!("{bucket}: {INDEX_KEY}"),
-                format!(
-                    "format {} is not supported (expected {FORMAT})",
-                    file.format
-                ),
-            ));
-        }
+        let file: IndexFile = IndexFile::parse(bucket, data)?;
         let mut index = Index::new();
         for (name, pkg) in file.packages {
-            if name != pkg.name {
-                return Err(FetchError::invalid(
-                    format!("{bucket}: {INDEX_KEY}"),
-                    format!("package key {name:?} names {:?}", pkg.name),
-                ));
-            }
+            check_key(bucket, &name, &pkg)?;
             index.insert(bucket, pkg)?;
         }
         Ok(index)
@@ -208,36 +224,13 @@ impl Index {
     /// Package `name` (normalised) of an index document, parsed and checked alone: the others
     /// are only scanned as JSON. `None` when the index does not list it.
     pub fn package_from_json(bucket: &str, data: &[u8], name: &str) -> Result<Option<Package>> {
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Lazy<'a> {
-            format: u32,
-            #[serde(borrow)]
-            packages: BTreeMap<&'a str, &'a serde_json::value::RawValue>,
-        }
-        let what = || format!("{bucket}: {INDEX_KEY}");
-        let file: Lazy =
-            serde_json::from_slice(data).map_err(|e| FetchError::invalid(what(), e))?;
-        if file.format != FORMAT {
-            return Err(FetchError::invalid(
-                what(),
-                format!(
-                    "format {} is not supported (expected {FORMAT})",
-                    file.format
-                ),
-            ));
-        }
+        let file: IndexFile<&serde_json::value::RawValue> = IndexFile::parse(bucket, data)?;
         let Some(raw) = file.packages.get(name) else {
             return Ok(None);
         };
-        let pkg: Package =
-            serde_json::from_str(raw.get()).map_err(|e| FetchError::invalid(what(), e))?;
-        if pkg.name != name {
-            return Err(FetchError::invalid(
-                what(),
-                format!("package key {name:?} names {:?}", pkg.name),
-            ));
-        }
+        let pkg: Package = serde_json::from_str(raw.get())
+            .map_err(|e| FetchError::invalid(format!("{bucket}: {INDEX_KEY}"), e))?;
+        check_key(bucket, name, &pkg)?;
         validate_package(&pkg)?;
         Ok(Some(pkg))
     }
