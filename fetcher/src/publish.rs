@@ -398,6 +398,7 @@ fn trace_imports(
     }
     // Every file each import touched, by the distribution imported.
     let mut touched: Vec<(&str, Vec<String>)> = Vec::new();
+    let mut traces = Traces::default();
     for (d, _) in dists {
         let modules: Vec<OsString> = d
             .top_level()
@@ -428,47 +429,40 @@ fn trace_imports(
             .collect();
         touched.push((d.name.as_str(), read));
     }
-    let mut traces = Traces::default();
+    // Which distribution each file is of (the first to list it).
+    let mut owner: HashMap<&str, &str> = HashMap::new();
     for (d, _) in dists {
-        // The other distributions its own import read, in the order first read.
-        let mut reads: Vec<String> = Vec::new();
-        for (_, read) in touched.iter().filter(|(name, _)| *name == d.name) {
-            for p in read {
-                if let Some((o, _)) = dists
-                    .iter()
-                    .find(|(o, _)| o.name != d.name && o.files.contains_key(p))
-                {
-                    if !reads.contains(&o.name) {
-                        reads.push(o.name.clone());
-                    }
-                }
+        for p in d.files.keys() {
+            owner.entry(p.as_str()).or_insert(d.name.as_str());
+        }
+    }
+    // Per distribution: the files its own import read, those the others' imports read of it
+    // (in the order of the imports), and the other distributions its own import read.
+    let mut own: HashMap<&str, Vec<String>> = HashMap::new();
+    let mut by_others: HashMap<&str, Vec<String>> = HashMap::new();
+    for (importer, read) in &touched {
+        for p in read {
+            let Some(&of) = owner.get(p.as_str()) else {
+                continue;
+            };
+            if of == *importer {
+                own.entry(of).or_default().push(p.clone());
+                continue;
+            }
+            by_others.entry(of).or_default().push(p.clone());
+            let reads = traces.reads.entry(importer.to_string()).or_default();
+            if !reads.iter().any(|r| r == of) && reads.len() < crate::index::MAX_READS {
+                reads.push(of.to_owned());
             }
         }
-        if !reads.is_empty() {
-            reads.truncate(crate::index::MAX_READS);
-            traces.reads.insert(d.name.clone(), reads);
-        }
-        let of_d = |read: &Vec<String>| -> Vec<String> {
-            read.iter()
-                .filter(|p| d.files.contains_key(*p))
-                .cloned()
-                .collect()
-        };
-        let mut own: Vec<String> = touched
-            .iter()
-            .filter(|(name, _)| *name == d.name)
-            .flat_map(|(_, read)| of_d(read))
-            .collect();
-        let by_itself = own.len();
-        own.extend(
-            touched
-                .iter()
-                .filter(|(name, _)| *name != d.name)
-                .flat_map(|(_, read)| of_d(read)),
-        );
-        tracing::debug!(package = %d.name, files = by_itself, with_others = own.len(), "import trace");
-        if !own.is_empty() {
-            traces.first.insert(d.name.clone(), own);
+    }
+    for (d, _) in dists {
+        let mut first = own.remove(d.name.as_str()).unwrap_or_default();
+        let by_itself = first.len();
+        first.extend(by_others.remove(d.name.as_str()).unwrap_or_default());
+        tracing::debug!(package = %d.name, files = by_itself, with_others = first.len(), "import trace");
+        if !first.is_empty() {
+            traces.first.insert(d.name.clone(), first);
         }
     }
     Ok(traces)
