@@ -336,9 +336,8 @@ fn archive_layout(data: &[u8]) -> (Vec<String>, usize) {
 
 #[tokio::test]
 async fn the_import_trace_puts_what_an_import_reads_first_in_a_frame_of_its_own() {
-    use sigma_fetcher::publish::{publish_with, PublishOptions};
+    use sigma_fetcher::publish::publish_with;
     use sigma_fetcher::store::memory::MemoryStore;
-    use sigma_fetcher::TraceRunner;
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().join("src/tracedpkg");
     std::fs::create_dir_all(d.join("sub")).unwrap();
@@ -357,21 +356,8 @@ async fn the_import_trace_puts_what_an_import_reads_first_in_a_frame_of_its_own(
     std::fs::write(d.join("blob.bin"), vec![7u8; 100_000]).unwrap();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new("t"));
     let cfg = FetchConfig::default();
-    // This test's package is trusted: the interpreter runs it directly (the supervisor's
-    // publish runs it in its jail).
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let runs2 = runs.clone();
-    let runner = TraceRunner(Arc::new(move |python: &Path, _dir: &Path, args: &[_]| {
-        runs2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut c = Command::new(python);
-        c.args(args);
-        c
-    }));
-    let opts = PublishOptions {
-        compile_with: Some("python3".into()),
-        compile_required: true,
-        trace: Some(runner),
-    };
+    let opts = traced_directly(&runs);
     let r = publish_with(store.as_ref(), &PublishSource::PackageDir(d), &cfg, &opts)
         .await
         .unwrap();
@@ -498,9 +484,8 @@ async fn publishing_twice_makes_the_same_archive() {
 
 #[tokio::test]
 async fn a_dependency_s_files_that_another_package_s_import_reads_come_within_its_trace() {
-    use sigma_fetcher::publish::{publish_with, PublishOptions};
+    use sigma_fetcher::publish::publish_with;
     use sigma_fetcher::store::memory::MemoryStore;
-    use sigma_fetcher::TraceRunner;
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     // `import depa` reads its __init__ only; `import usesa` reads depa.extra too.
@@ -514,17 +499,8 @@ async fn a_dependency_s_files_that_another_package_s_import_reads_come_within_it
     std::fs::write(usesa.join("__init__.py"), "import depa.extra\n").unwrap();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new("t"));
     let cfg = FetchConfig::default();
-    // Trusted test packages: the interpreter runs them directly.
-    let runner = TraceRunner(Arc::new(|python: &Path, _dir: &Path, args: &[_]| {
-        let mut c = Command::new(python);
-        c.args(args);
-        c
-    }));
-    let opts = PublishOptions {
-        compile_with: Some("python3".into()),
-        compile_required: true,
-        trace: Some(runner),
-    };
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let opts = traced_directly(&runs);
     let source = PublishSource::Several(vec![
         PublishSource::PackageDir(depa),
         PublishSource::PackageDir(usesa),
@@ -532,6 +508,11 @@ async fn a_dependency_s_files_that_another_package_s_import_reads_come_within_it
     let r = publish_with(store.as_ref(), &source, &cfg, &opts)
         .await
         .unwrap();
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "one trace each"
+    );
     let tag = python_cache_tag();
     let key = &r
         .packages
@@ -564,4 +545,25 @@ async fn a_dependency_s_files_that_another_package_s_import_reads_come_within_it
     assert_eq!(outs.len(), 2, "usesa and what it reads");
     assert!(outs.iter().all(|o| o.as_ref().is_ok_and(|o| o.fetched)));
     assert!(cache.is_installed("depa") && cache.is_installed("usesa"));
+}
+
+/// Publish options that compile with `python3` and trace each import with it directly,
+/// counting the traces in `runs`: for this file's own packages, which are trusted (the
+/// supervisor's publish runs a trace in its jail).
+fn traced_directly(
+    runs: &Arc<std::sync::atomic::AtomicUsize>,
+) -> sigma_fetcher::publish::PublishOptions {
+    let runs = runs.clone();
+    let runner =
+        sigma_fetcher::TraceRunner(Arc::new(move |python: &Path, _dir: &Path, args: &[_]| {
+            runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut c = Command::new(python);
+            c.args(args);
+            c
+        }));
+    sigma_fetcher::publish::PublishOptions {
+        compile_with: Some("python3".into()),
+        compile_required: true,
+        trace: Some(runner),
+    }
 }

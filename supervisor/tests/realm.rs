@@ -999,9 +999,14 @@ struct HalfDelivered {
 }
 
 fn half_delivered(tmp: &Path, cache: &Path, fill: &str) -> HalfDelivered {
+    half_delivered_to(tmp, cache, READ_BLOB, fill)
+}
+
+/// [`half_delivered`], with the proc running `code`.
+fn half_delivered_to(tmp: &Path, cache: &Path, code: &str, fill: &str) -> HalfDelivered {
     use std::io::Write as _;
     let (bucket, archive, data) = stalled_bucket(tmp);
-    let mut child = spawn_stalled(&bucket, cache, READ_BLOB, fill);
+    let mut child = spawn_stalled(&bucket, cache, code, fill);
     let lines = lines_of(child.stdout.take().unwrap());
     let mut fifo = std::fs::OpenOptions::new()
         .write(true)
@@ -1108,17 +1113,11 @@ fn a_run_that_needed_its_package_s_first_files_ends_before_the_rest_arrives() {
     use std::io::Write as _;
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
-    let (bucket, archive, data) = stalled_bucket(tmp.path());
     let code =
         "import sys, demo_s\nprint('imported', demo_s.NAME, flush=True)\nsys.stdin.readline()";
-    let mut child = spawn_stalled(&bucket, &cache, code, "auto");
-    let lines = lines_of(child.stdout.take().unwrap());
-    let mut fifo = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&archive)
-        .unwrap();
-    fifo.write_all(&data[..data.len() / 2]).unwrap();
-    fifo.flush().unwrap();
+    let half = half_delivered_to(tmp.path(), &cache, code, "auto");
+    let (mut child, lines, mut fifo) = (half.child, half.lines, half.fifo);
+    let (bucket, archive, data) = (half.bucket, half.archive, half.data);
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
     let fills = interp::fills_of(&cache);
     assert_eq!(fills.len(), 1, "one fill process: {fills:?}");
@@ -1160,24 +1159,11 @@ fn a_run_that_needed_its_package_s_first_files_ends_before_the_rest_arrives() {
     interp::settled(&cache);
     assert!(marker.exists(), "installed once its fill process ended");
     // Complete and verified: the next run fetches nothing and reads the blob.
-    let out = sup()
-        .args(["--stats", "--realm", "r", "--bucket", &bucket])
-        .arg("--cache-dir")
-        .arg(&cache)
-        .args([
-            "python3",
-            "-c",
-            "import hashlib; print(hashlib.sha256(open('/sigma/lib/demo_s/blob.bin','rb').read()).hexdigest())",
-        ])
-        .output()
-        .unwrap();
-    show(&out);
-    assert!(out.status.success());
-    let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
-    use sha2::Digest as _;
-    assert_eq!(
-        stdout(&out),
-        format!("{}\n", hex::encode(sha2::Sha256::digest(&want)))
+    let out = next_run_completes(tmp.path(), &cache, &bucket, &archive, &data, "auto");
+    assert!(
+        stderr(&out).contains("all 1 packages installed"),
+        "{}",
+        stderr(&out)
     );
 }
 
