@@ -1790,13 +1790,7 @@ fn parse_entries<'a>(
         // `size` comes from the index, not the archive: at most PIECE_ABOVE, and reserved. The
         // decoder writes straight into the buffer.
         let mut data = vec![0u8; size as usize];
-        let mut n = 0;
-        while n < data.len() {
-            match entry.read(&mut data[n..]).map_err(&undecodable)? {
-                0 => break,
-                k => n += k,
-            }
-        }
+        let n = read_full(&mut entry, &mut data).map_err(&undecodable)?;
         data.truncate(n);
         if entry.read(&mut [0u8]).map_err(&undecodable)? > 0 {
             return Err(too_long());
@@ -1812,6 +1806,18 @@ fn parse_entries<'a>(
         })?;
     }
     Ok(seen)
+}
+
+/// Read into all of `buf` unless the input ends first; returns the bytes read.
+fn read_full(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
 }
 
 /// Decode a large file's bytes into pieces for the worker that took its job (see
@@ -1830,13 +1836,7 @@ fn send_pieces(
     let mut total = 0u64;
     loop {
         let mut buf = spare.try_recv().unwrap_or_else(|_| vec![0u8; PIECE]);
-        let mut n = 0;
-        while n < buf.len() {
-            match entry.read(&mut buf[n..]).map_err(undecodable(pkg))? {
-                0 => break,
-                k => n += k,
-            }
-        }
+        let n = read_full(entry, &mut buf).map_err(undecodable(pkg))?;
         total += n as u64;
         if total > size {
             return Err(too_long());
