@@ -39,6 +39,8 @@ impl Guard {
         let mut ctx = ScmpFilterContext::new(ScmpAction::Allow)?;
         // No no_new_privs from libseccomp: the jail sets it itself, before.
         ctx.set_ctl_nnp(false)?;
+        // A binary tree over syscall numbers (see notify's FilterSpec::compile).
+        let _ = ctx.set_ctl_optimize(2);
         let eperm = ScmpAction::Errno(libc::EPERM);
         let mut rule = |name: &str, action: ScmpAction, cmps: &[ScmpArgCompare]| {
             match ScmpSyscall::from_name(name) {

@@ -137,6 +137,12 @@ impl FilterSpec {
             .map_err(|e| build_err("creating the filter context", e))?;
         ctx.set_act_badarch(ScmpAction::KillProcess)
             .map_err(|e| build_err("setting the bad-arch action", e))?;
+        // A binary tree over syscall numbers instead of a linear chain: on load the kernel runs
+        // the program once per syscall number to build its always-allow cache, so the chain
+        // made installing the filter cost ~260 µs (335 instructions) against ~90 µs, and every
+        // call decided by the program walks log n comparisons instead of n. Older libseccomp
+        // (< 2.5) lacks the attribute and keeps the chain.
+        let _ = ctx.set_ctl_optimize(2);
         for rule in &self.rules {
             let nr = syscall_number(&rule.name)?;
             if rule.action == self.default {
