@@ -2,11 +2,17 @@
 //! signals the supervisor passes on to the program, and ends the proc when the program ends —
 //! what is left gets SIGTERM, and when init exits after the grace period the kernel kills the
 //! rest. It exits with the status a shell would report for the program (128+N for signal N).
+//!
+//! When no process of the proc is left, init also writes that status (one byte) to the fd it
+//! was given before it exits: its own exit then tears down the proc's namespaces (the mount
+//! namespace's unmounts wait for an RCU grace period, ~0.3 ms), and the supervisor, which
+//! has its answer, need not wait for that.
 use crate::sys;
 use nix::errno::Errno;
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 fn code_of(status: WaitStatus) -> Option<i32> {
@@ -18,8 +24,8 @@ fn code_of(status: WaitStatus) -> Option<i32> {
 }
 
 /// Run init's loop for `target` (its child). `signals` is the blocked set it waits on (it must
-/// contain SIGCHLD). Never returns.
-pub fn run(target: i32, signals: &SigSet, grace: Duration) -> ! {
+/// contain SIGCHLD). `ended` gets the status once nothing of the proc is left. Never returns.
+pub fn run(target: i32, signals: &SigSet, grace: Duration, ended: Option<OwnedFd>) -> ! {
     let _ = sys::prctl(libc::PR_SET_DUMPABLE, 0, 0);
     let target = Pid::from_raw(target);
     let mut code: Option<i32> = None;
@@ -45,6 +51,10 @@ pub fn run(target: i32, signals: &SigSet, grace: Duration) -> ! {
         }
         if let Some(c) = code {
             if none_left {
+                if let Some(fd) = &ended {
+                    // One byte: a pipe write of it is whole or not at all.
+                    let _ = nix::unistd::write(fd.as_fd(), &[c as u8]);
+                }
                 crate::mark("init-exit");
                 sys::exit_now(c)
             }

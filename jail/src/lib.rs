@@ -274,6 +274,11 @@ pub fn close_fds_from(first: u32) {
     sys::close_from(first)
 }
 
+/// Close every fd from `first` up except `keep`.
+pub fn close_fds_from_except(first: u32, keep: std::os::fd::BorrowedFd<'_>) {
+    sys::close_from_except(first, std::os::fd::AsRawFd::as_raw_fd(&keep) as u32)
+}
+
 /// The Landlock ABI version of this kernel (0 when Landlock is off or missing). Signal and
 /// abstract-socket scoping need 6.
 pub fn landlock_abi() -> i64 {

@@ -235,6 +235,18 @@ pub fn close_from(first: u32) {
     let _ = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
 }
 
+/// Close every fd from `first` up except `keep`.
+pub fn close_from_except(first: u32, keep: u32) {
+    if keep < first {
+        return close_from(first);
+    }
+    if keep > first {
+        // SAFETY: as in close_from; `first..keep` lies below the fd kept.
+        let _ = unsafe { libc::syscall(libc::SYS_close_range, first, keep - 1, 0) };
+    }
+    close_from(keep.saturating_add(1))
+}
+
 pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 /// mount_setattr(AT_RECURSIVE, MOUNT_ATTR_IDMAP) with the user namespace `userns`.

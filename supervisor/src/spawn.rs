@@ -453,6 +453,9 @@ pub struct Child {
     /// Where the exec result arrives: an errno message, or EOF once execve succeeded.
     status_rx: OwnedFd,
     go_tx: Option<OwnedFd>,
+    /// Where the jail's init writes the proc's exit status once nothing of it is left, before
+    /// its own exit tears down the namespaces (see jail::init).
+    pub ended_rx: Option<OwnedFd>,
     /// The jail's cgroup, removed when dropped (keep it until the run ends).
     pub cgroup: Option<jail::limits::Cgroup>,
     /// The lock that keeps the proc's host id its own (keep it until the run ends).
@@ -615,6 +618,7 @@ pub fn spawn(mut p: Prepared) -> Result<Child, Failure> {
         listener,
         status_rx,
         go_tx: Some(go_tx),
+        ended_rx: None,
         cgroup: None,
         host_lock: None,
         jailed: false,
@@ -785,6 +789,15 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
     let (maps_rx, maps_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
     let (go_rx, go_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
     let (exec_rx, exec_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
+    // init's word that the proc is over (see jail::init). Not with a cgroup: removing it must
+    // wait until init itself has left.
+    let (ended_rx, ended_tx) = match &cgroup {
+        None => {
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
+            (Some(r), Some(w))
+        }
+        Some(_) => (None, None),
+    };
     jail::mark("clone");
     let pid = jail::clone_into_namespaces(&plan.spec)
         .map_err(|e| anyhow!("cannot create the jail's namespaces: {}", e.desc()))?;
@@ -794,6 +807,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         drop(maps_tx);
         drop(go_tx);
         drop(exec_rx);
+        drop(ended_rx);
         let _ = sys::set_parent_death_kill();
         let fail = |e: jail::StageError| -> ! {
             jsend(&status_tx, J_JAIL_STAGE, e.step, e.detail, e.errno);
@@ -851,9 +865,13 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         }
         let _ = nix::unistd::write(&world_tx, b"w");
         // init keeps nothing of the target's: no pipe, no inherited socket.
-        jail::close_fds_from(3);
-        jail::init::run(target, &handled_signals(), grace)
+        match &ended_tx {
+            Some(fd) => jail::close_fds_from_except(3, fd.as_fd()),
+            None => jail::close_fds_from(3),
+        }
+        jail::init::run(target, &handled_signals(), grace, ended_tx)
     }
+    drop(ended_tx);
     drop(status_tx);
     drop(maps_rx);
     drop(go_rx);
@@ -902,6 +920,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         listener,
         status_rx: exec_rx,
         go_tx: Some(go_tx),
+        ended_rx,
         cgroup,
         host_lock: plan.spec.host_lock.take(),
         jailed: true,

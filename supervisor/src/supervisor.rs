@@ -19,6 +19,7 @@ use anyhow::{anyhow, Context as _};
 use nix::errno::Errno;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use notify::{Listener, Notification, Response};
+use std::os::fd::AsFd as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -200,8 +201,27 @@ fn exit_code(status: WaitStatus) -> Option<u8> {
 /// a pid namespace is gone, so is every process of the jail (init saw to the grace period), and
 /// no process of the proc can be orphaned to us. Other children are the supervisor's own
 /// helpers, which outlive it by design (the lazy backend's group holder).
-fn wait_all(main_pid: i32, grace: Duration, only_main: bool) -> anyhow::Result<u8> {
+///
+/// `ended` is the jail init's pipe: the status it gives there is the answer, without waiting
+/// for init's own exit (the namespaces' teardown), which is reaped by whoever inherits it.
+fn wait_all(
+    main_pid: i32,
+    grace: Duration,
+    only_main: bool,
+    mut ended: Option<std::os::fd::BorrowedFd<'_>>,
+) -> anyhow::Result<u8> {
     let set = handled_signals();
+    let signals = match ended {
+        Some(_) => Some(
+            nix::sys::signalfd::SignalFd::with_flags(
+                &set,
+                nix::sys::signalfd::SfdFlags::SFD_CLOEXEC
+                    | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
+            )
+            .context("signalfd")?,
+        ),
+        None => None,
+    };
     let tree = Tree {
         root: main_pid,
         supervisor: std::process::id() as i32,
@@ -238,12 +258,23 @@ fn wait_all(main_pid: i32, grace: Duration, only_main: bool) -> anyhow::Result<u
             tracing::debug!("the program ended: SIGTERM to {n} leftover processes");
             kill_at = Some(Instant::now() + grace);
         }
-        let waited = match kill_at {
-            Some(at) => {
-                let left = at.saturating_duration_since(Instant::now());
-                sys::sigtimedwait(&set, left)
-            }
-            None => sys::sigwaitinfo(&set),
+        let left = kill_at.map(|at| at.saturating_duration_since(Instant::now()));
+        let waited = match (&signals, ended) {
+            (Some(signals), Some(fd)) => match sys::wait_signal_or_byte(signals, fd, left) {
+                Ok(sys::Woke::Signal(sig, code)) => Ok((sig, code)),
+                Ok(sys::Woke::Byte(Some(code))) => return Ok(code),
+                // init died without a word (killed): its reaping tells.
+                Ok(sys::Woke::Byte(None)) => {
+                    ended = None;
+                    continue;
+                }
+                Ok(sys::Woke::Timeout) => Err(Errno::EAGAIN),
+                Err(e) => Err(e),
+            },
+            _ => match left {
+                Some(left) => sys::sigtimedwait(&set, left),
+                None => sys::sigwaitinfo(&set),
+            },
         };
         let (sig, code) = match waited {
             Ok(v) => v,
@@ -339,16 +370,17 @@ pub fn supervise(
     let display = child.display.clone();
     let _cgroup = child.cgroup.take();
     let _host_lock = child.host_lock.take();
+    let ended = child.ended_rx.take();
     if let Err(errno) = child.exec_result() {
-        let _ = wait_all(pid, grace, jailed);
+        let _ = wait_all(pid, grace, jailed, None);
         let e = Errno::from_raw(errno);
         return Err(Failure {
             error: anyhow!("cannot execute {display}: {}", e.desc()),
             code: if e == Errno::ENOENT { 127 } else { 126 },
         });
     }
-    let code = wait_all(pid, grace, jailed)?;
-    jail::mark("reaped");
+    let code = wait_all(pid, grace, jailed, ended.as_ref().map(|f| f.as_fd()))?;
+    jail::mark("ended");
     if code < 128 {
         // Not for a proc killed by a signal: the user wants the run over.
         sh.resolver.finish();

@@ -4,7 +4,7 @@
 
 use nix::errno::Errno;
 use std::ffi::{c_char, CStr};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// fork(2). Returns 0 in the child, the child's pid in the parent.
 ///
@@ -193,6 +193,54 @@ pub fn sigtimedwait(
     // SAFETY: sigtimedwait succeeded, so the kernel filled `info`.
     let info = unsafe { info.assume_init() };
     Ok((signo, info.si_code))
+}
+
+/// What ended a wait in [`wait_signal_or_byte`].
+pub enum Woke {
+    /// A signal of the set: its number and `si_code`.
+    Signal(i32, i32),
+    /// The fd gave a byte, or `None` at its end.
+    Byte(Option<u8>),
+    /// The timeout passed.
+    Timeout,
+}
+
+/// Wait for a signal of the set `signals` reads (blocked in every thread, as for
+/// [`sigwaitinfo`]) or for a byte on `fd`, at most `timeout` (`None`: no limit).
+pub fn wait_signal_or_byte(
+    signals: &nix::sys::signalfd::SignalFd,
+    fd: BorrowedFd<'_>,
+    timeout: Option<std::time::Duration>,
+) -> Result<Woke, Errno> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout};
+    let timeout = match timeout {
+        None => PollTimeout::NONE,
+        // Rounded up: a wait never ends early and spins.
+        Some(t) => PollTimeout::try_from(t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32)
+            .unwrap_or(PollTimeout::MAX),
+    };
+    let mut fds = [
+        PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        PollFd::new(fd, PollFlags::POLLIN),
+    ];
+    if nix::poll::poll(&mut fds, timeout)? == 0 {
+        return Ok(Woke::Timeout);
+    }
+    let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+    if ready(&fds[1]) {
+        let mut b = [0u8; 1];
+        return match nix::unistd::read(fd, &mut b) {
+            Ok(0) => Ok(Woke::Byte(None)),
+            Ok(_) => Ok(Woke::Byte(Some(b[0]))),
+            Err(Errno::EAGAIN) | Err(Errno::EINTR) => Err(Errno::EINTR),
+            Err(e) => Err(e),
+        };
+    }
+    match signals.read_signal()? {
+        Some(info) => Ok(Woke::Signal(info.ssi_signo as i32, info.ssi_code)),
+        // Taken by a sigwaitinfo elsewhere meanwhile: wait again.
+        None => Err(Errno::EINTR),
+    }
 }
 
 /// Move every thread of this process to `SCHED_IDLE`, so it runs only on a CPU nothing else
