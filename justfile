@@ -33,6 +33,6 @@ wheel:
 demo:
     scripts/demo
 
-# Release build of the supervisor.
+# Release build of the supervisor, linked statically (scripts/build).
 build:
-    cargo build --release -p sigma-supervise
+    scripts/build

@@ -24,7 +24,7 @@
              where the download, not the machine, is the limit (with --baseline also
              `cold paced base`)
 
-    cargo build --release -p sigma-supervise
+    scripts/build
     python3 scripts/bench-fetch.py [-n 7] [--wheel numpy.whl --wheel six.whl]
     python3 scripts/bench-fetch.py -n 5 --wheel W/pandas-*.whl --needed W/numpy-*.whl \
         --needed W/python_dateutil-*.whl --needed W/pytz-*.whl --needed W/tzdata-*.whl \
@@ -207,7 +207,7 @@ def main() -> None:
     py = real_python(args.python)
     sup = args.supervisor
     if not os.access(sup, os.X_OK):
-        sys.exit(f"bench-fetch: {sup} missing: cargo build --release -p sigma-supervise")
+        sys.exit(f"bench-fetch: {sup} missing: scripts/build")
     wheels = args.wheel or [w for w in (
         next(iter(sorted(glob.glob(str(ci_cache() / "wheels" / f"{n}__*" / "*.whl")))), None)
         for n in ("numpy", "six")) if w]

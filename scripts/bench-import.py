@@ -11,7 +11,7 @@ extra supervised run with --stats. Several supervisor configurations can be comp
                                               # does not drown the difference
 
 The supervisor binary defaults to $CARGO_TARGET_DIR/release/sigma-supervise, else
-target/release/sigma-supervise (build it with `cargo build --release -p sigma-supervise`).
+target/release/sigma-supervise (build it with `scripts/build`).
 """
 import argparse
 import os
@@ -51,7 +51,7 @@ def main() -> None:
     served_dir = tempfile.TemporaryDirectory(prefix="bench-import-serve-")  # removed at exit
     served = served_dir.name
     if not os.access(args.supervisor, os.X_OK):
-        sys.exit(f"bench-import: {args.supervisor} not found; run `cargo build --release -p sigma-supervise`")
+        sys.exit(f"bench-import: {args.supervisor} not found; run `scripts/build`")
     py = real_python(args.python)
     configs = []
     default_configs = [

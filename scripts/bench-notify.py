@@ -83,7 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     sup = os.path.abspath(args.supervisor)
     if not os.access(sup, os.X_OK):
-        sys.exit(f"bench-notify: {sup} not found; run `cargo build --release -p sigma-supervise`")
+        sys.exit(f"bench-notify: {sup} not found; run `scripts/build`")
     py = real_python()
     served = tempfile.TemporaryDirectory(prefix="bench-notify-serve-")
     extra = args.extra.split()
