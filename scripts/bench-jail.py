@@ -11,6 +11,7 @@ IPC, UTS namespaces, pivot_root, curated /etc, Landlock, seccomp).
 
     python3 scripts/bench-jail.py -n 40                        # /bin/true, python3 -c pass, import json
     python3 scripts/bench-jail.py -n 40 --only true
+    python3 scripts/bench-jail.py -n 100 --only true --baseline OLD   # OLD: an earlier build
 
 Needs bwrap (Debian's bubblewrap). The supervisor defaults to target/release/sigma-supervise.
 """
@@ -54,6 +55,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=30, help="rounds (default 30)")
     ap.add_argument("--supervisor", default=default_supervisor())
     ap.add_argument("--only", choices=["true", "pass", "json"], action="append")
+    ap.add_argument("--baseline", metavar="BIN",
+                    help="another build of sigma-supervise, run jailed alongside in every round")
     args = ap.parse_args()
     if not shutil.which("bwrap"):
         sys.exit("bench-jail: bwrap not found (apt-get install bubblewrap)")
@@ -76,6 +79,8 @@ def main() -> None:
             "sigma-supervise --no-jail": [sup, "--no-jail"] + cmd,
             "sigma-supervise (jailed)": [sup] + cmd,
         }
+        if args.baseline:
+            variants["baseline (jailed)"] = [args.baseline] + cmd
         times = {k: [] for k in variants}
         for k, c in variants.items():  # warm-up
             timed(c)
@@ -89,6 +94,11 @@ def main() -> None:
             print(f"{k:28} {med[k]:8.2f} {med[k] - med['bare']:13.2f} {med[k] / med['bare']:8.2f}")
         jail_over = med["sigma-supervise (jailed)"] - med["bare"]
         bwrap_over = med["bwrap"] - med["bare"]
+        floor_over = med["unshare -Urmpf"] - med["bare"]
+        print(f"jailed overhead - namespace floor (unshare -Urmpf) = {jail_over - floor_over:.2f} ms")
+        if args.baseline:
+            base_over = med["baseline (jailed)"] - med["bare"]
+            print(f"jailed overhead / baseline's = {jail_over / base_over:.2f}")
         if bwrap_over > 0:
             print(f"jailed overhead / bwrap overhead = {jail_over / bwrap_over:.2f}")
             # The kernel's own price for these namespaces, before any view is built.
