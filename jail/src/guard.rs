@@ -67,7 +67,8 @@ impl Guard {
             let cmp = ScmpArgCompare::new(
                 1,
                 ScmpCompareOp::MaskedEqual(0xffff_ffff),
-                req & 0xffff_ffff,
+                // c_ulong with glibc, c_int with musl.
+                u64::from(req as u32),
             );
             rule("ioctl", eperm, &[cmp])?;
         }

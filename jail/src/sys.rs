@@ -189,11 +189,11 @@ pub fn loopback_up() -> Result<(), Errno> {
         *d = *b as libc::c_char;
     }
     // SAFETY: `req` is a live ifreq with a NUL-terminated name; the kernel fills ifru_flags.
-    Errno::result(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) })?;
+    Errno::result(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) })?;
     // SAFETY: SIOCGIFFLAGS succeeded, so the flags member of the union is the one set.
     unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
     // SAFETY: as above; the kernel reads the name and flags.
-    Errno::result(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req) }).map(drop)
+    Errno::result(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS as _, &req) }).map(drop)
 }
 
 /// _exit(2).
@@ -208,10 +208,7 @@ pub fn sigtimedwait(
     timeout: Option<std::time::Duration>,
 ) -> Result<Option<(i32, i32)>, Errno> {
     let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
-    let ts = timeout.map(|t| libc::timespec {
-        tv_sec: t.as_secs() as libc::time_t,
-        tv_nsec: t.subsec_nanos() as libc::c_long,
-    });
+    let ts = timeout.map(|t| *nix::sys::time::TimeSpec::from_duration(t).as_ref());
     let tsp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);

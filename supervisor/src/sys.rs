@@ -51,6 +51,13 @@ pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target_fd: i32) -> Result<OwnedFd, Err
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Take ownership of a descriptor that recvmsg(2) just received (SCM_RIGHTS).
+pub fn received_fd(fd: RawFd) -> OwnedFd {
+    // SAFETY: the kernel installed `fd` in our table for the message just received; nothing
+    // else in this process knows the number, so this is its only owner.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
 /// prctl(PR_SET_CHILD_SUBREAPER, 1): orphaned descendants are re-parented to us.
 pub fn set_child_subreaper() -> Result<(), Errno> {
     // SAFETY: prctl with integer arguments only.
@@ -143,9 +150,10 @@ pub fn default_disposition(sig: nix::sys::signal::Signal) {
 
 /// Whether this process runs under a real-time policy (SCHED_FIFO / SCHED_RR).
 pub fn is_realtime() -> bool {
+    // The system call, not the libc function (musl's does not ask the kernel: ENOSYS).
     // SAFETY: sched_getscheduler(0) queries this process; no pointers.
-    let policy = unsafe { libc::sched_getscheduler(0) };
-    policy == libc::SCHED_FIFO || policy == libc::SCHED_RR
+    let policy = unsafe { libc::syscall(libc::SYS_sched_getscheduler, 0) };
+    policy == libc::c_long::from(libc::SCHED_FIFO) || policy == libc::c_long::from(libc::SCHED_RR)
 }
 
 /// PIDFD_THREAD (= O_EXCL): a pidfd for one thread; signals sent through it reach that thread.
@@ -182,10 +190,7 @@ pub fn sigtimedwait(
     set: &nix::sys::signal::SigSet,
     timeout: std::time::Duration,
 ) -> Result<(i32, i32), Errno> {
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
+    let ts = *nix::sys::time::TimeSpec::from_duration(timeout).as_ref();
     let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
     // SAFETY: `set` is a valid sigset_t, `info` a writable siginfo_t, `ts` a live timespec.
     let rc = unsafe { libc::sigtimedwait(set.as_ref(), info.as_mut_ptr(), &ts) };
@@ -258,7 +263,9 @@ pub fn normal_process() -> Result<(), Errno> {
 }
 
 fn every_thread(policy: i32) -> Result<(), Errno> {
-    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_param is plain old data (one int with glibc, more fields with musl);
+    // all-zero is a valid value, priority 0 as SCHED_IDLE and SCHED_OTHER require.
+    let param: libc::sched_param = unsafe { std::mem::zeroed() };
     let tasks = std::fs::read_dir("/proc/self/task")
         .map_err(|e| e.raw_os_error().map_or(Errno::EIO, Errno::from_raw))?;
     for task in tasks.flatten() {
@@ -269,9 +276,17 @@ fn every_thread(policy: i32) -> Result<(), Errno> {
         else {
             continue;
         };
+        // The system call, per thread (musl's function does not ask the kernel: ENOSYS).
         // SAFETY: sched_setscheduler reads `param`, a live sched_param, and changes only the
         // scheduling of `tid`, a thread of this process.
-        let r = unsafe { libc::sched_setscheduler(tid, policy, &param) };
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_sched_setscheduler,
+                tid,
+                policy,
+                &param as *const libc::sched_param,
+            )
+        };
         match Errno::result(r) {
             Ok(_) | Err(Errno::ESRCH) => {}
             Err(e) => return Err(e),
