@@ -10,8 +10,8 @@ extra supervised run with --stats. Several supervisor configurations can be comp
     python3 scripts/bench-import.py --rt      # both sides SCHED_FIFO: a busy machine's queueing
                                               # does not drown the difference
 
-The supervisor binary defaults to $CARGO_TARGET_DIR/release/sigma-supervise, else
-target/release/sigma-supervise (build it with `scripts/build`).
+The supervisor binary defaults to the release build `scripts/build` made last (musl or glibc,
+under $CARGO_TARGET_DIR or target/).
 """
 import argparse
 import os

@@ -13,7 +13,8 @@ IPC, UTS namespaces, pivot_root, curated /etc, Landlock, seccomp).
     python3 scripts/bench-jail.py -n 40 --only true
     python3 scripts/bench-jail.py -n 100 --only true --baseline OLD   # OLD: an earlier build
 
-Needs bwrap (Debian's bubblewrap). The supervisor defaults to target/release/sigma-supervise.
+Needs bwrap (Debian's bubblewrap). The supervisor defaults to the release build scripts/build
+made last.
 """
 import argparse
 import os

@@ -7,9 +7,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def default_supervisor() -> str:
-    """The release build of the supervisor (honours CARGO_TARGET_DIR)."""
+    """The release build of the supervisor that scripts/build made last (the musl build or the
+    glibc one; honours CARGO_TARGET_DIR)."""
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    return str(target / "release" / "sigma-supervise")
+    builds = [target / "x86_64-unknown-linux-musl" / "release" / "sigma-supervise",
+              target / "release" / "sigma-supervise"]
+    present = [b for b in builds if b.exists()]
+    if not present:
+        return str(builds[-1])
+    return str(max(present, key=lambda b: b.stat().st_mtime))
 
 
 def real_python(python: str = "python3") -> str:
