@@ -127,6 +127,16 @@ pub fn syscall_number(name: &str) -> Result<i32, NotifyError> {
 }
 
 impl FilterSpec {
+    /// Whether the program allows `name` outright: no condition, no notification, whatever
+    /// the arguments.
+    pub fn allows_outright(&self, name: &str) -> bool {
+        let mut rules = self.rules.iter().filter(|r| r.name == name).peekable();
+        if rules.peek().is_none() {
+            return self.default == Action::Allow;
+        }
+        rules.all(|r| r.action == Action::Allow && r.when.is_empty())
+    }
+
     /// Validate names and build the BPF program (libseccomp export).
     ///
     /// A rule whose action equals the default action is redundant and skipped (libseccomp
@@ -302,5 +312,45 @@ impl CompiledFilter {
             return Err(Errno::last());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(name: &str, action: Action, when: Vec<ArgCmp>) -> SyscallRule {
+        SyscallRule {
+            name: name.into(),
+            action,
+            when,
+        }
+    }
+
+    #[test]
+    fn allows_outright_only_without_conditions_or_notification() {
+        let cond = ArgCmp {
+            arg: 0,
+            op: CmpOp::Eq,
+            value: 3,
+        };
+        let spec = |default, rules| FilterSpec { default, rules };
+        // No rule of its own: the default decides.
+        assert!(spec(Action::Allow, vec![]).allows_outright("sendmsg"));
+        assert!(!spec(Action::Errno(1), vec![]).allows_outright("sendmsg"));
+        let allow = rule("sendmsg", Action::Allow, vec![]);
+        assert!(spec(Action::Errno(1), vec![allow.clone()]).allows_outright("sendmsg"));
+        // Another call's rule says nothing about this one.
+        assert!(
+            !spec(Action::Errno(1), vec![rule("write", Action::Allow, vec![])])
+                .allows_outright("sendmsg")
+        );
+        // Allowed only for some arguments, or notified: not outright.
+        let some = rule("sendmsg", Action::Allow, vec![cond]);
+        assert!(!spec(Action::Errno(1), vec![some]).allows_outright("sendmsg"));
+        let notified = rule("sendmsg", Action::Notify, vec![]);
+        assert!(!spec(Action::Allow, vec![notified]).allows_outright("sendmsg"));
+        let mixed = vec![allow, rule("sendmsg", Action::Notify, vec![cond])];
+        assert!(!spec(Action::Allow, mixed).allows_outright("sendmsg"));
     }
 }

@@ -34,6 +34,10 @@ pub struct Compiled {
     pub elide: bool,
     pub filter: CompiledFilter,
     pub guard: Option<jail::guard::Guard>,
+    /// The filter allows sendmsg(2) outright: the jailed target can pass its listener with it
+    /// (spawn's `Prepared::pass_listener`). Kept with the program: deciding it means building
+    /// the whole filter spec (~50 µs).
+    pub sendmsg_allowed: bool,
     /// Taken from the cache (for `-v`).
     pub cached: bool,
 }
@@ -44,6 +48,7 @@ struct Entry {
     profile: policies::Profile,
     filter: String,
     guard: Option<String>,
+    sendmsg_allowed: bool,
 }
 
 /// Load `opts.profile` and compile it, from the cache under `root` when an entry for exactly
@@ -59,10 +64,9 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
     }
     let profile = source.parse()?;
     let (policy, elide) = policy_of(opts, profile.clone())?;
-    let filter = policy
-        .filter_spec(elide)
-        .compile()
-        .context("compiling the seccomp filter")?;
+    let spec = policy.filter_spec(elide);
+    let sendmsg_allowed = spec.allows_outright("sendmsg");
+    let filter = spec.compile().context("compiling the seccomp filter")?;
     let guard = if opts.jailed {
         Some(jail::guard::Guard::new().context("building the jail's seccomp guard")?)
     } else {
@@ -74,6 +78,7 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
             profile,
             filter: hex::encode(filter.to_bytes()),
             guard: guard.as_ref().map(|g| hex::encode(g.program().to_bytes())),
+            sendmsg_allowed,
         };
         if let Err(e) = write(f, &entry) {
             tracing::debug!("not caching the compiled profile at {}: {e:#}", f.display());
@@ -85,6 +90,7 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
         elide,
         filter,
         guard,
+        sendmsg_allowed,
         cached: false,
     })
 }
@@ -114,6 +120,7 @@ fn from_entry(opts: &Options, entry: Entry) -> anyhow::Result<Compiled> {
         elide,
         filter,
         guard,
+        sendmsg_allowed: entry.sendmsg_allowed,
         cached: true,
     })
 }
@@ -144,7 +151,7 @@ fn key(opts: &Options, source: &policies::Source) -> String {
         })
         .collect();
     format!(
-        "v2 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} served_at={:?} audit={} \
+        "v3 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} served_at={:?} audit={} \
          jailed={} notify_paths={} read_only_hints={}",
         env!("CARGO_PKG_VERSION"),
         source.file,

@@ -24,15 +24,15 @@ mod supervisor;
 mod sys;
 
 use clap::{Parser, ValueEnum};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
 
 /// In the static musl build, mimalloc: musl's allocator makes the start-up's parsing (clap,
 /// the compiled profile's JSON) and the fetch's buffers several times slower.
 #[cfg(target_env = "musl")]
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use std::ffi::OsString;
-use std::path::PathBuf;
-use std::process::ExitCode;
 
 /// Run PROGRAM as a σOS proc under a seccomp user-notify supervisor.
 ///
@@ -270,6 +270,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         elide,
         filter,
         guard,
+        sendmsg_allowed,
         cached,
     } = compiled::compile(
         &compiled::Options {
@@ -325,7 +326,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     )?;
     prepared.home_inside_jail()?;
     // The lazy backend marks its image once the target exists, before the program may touch it.
-    prepared.pass_listener(lazy.is_none() && policy.allows_outright("sendmsg", elide));
+    prepared.pass_listener(lazy.is_none() && sendmsg_allowed);
     if let Some((fd, number)) = api.take_target_end() {
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
     }

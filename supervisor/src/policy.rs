@@ -241,17 +241,6 @@ impl Policy {
         spec
     }
 
-    /// Whether the filter (`elide_paths` as in [`Policy::filter_spec`]) allows `name` outright:
-    /// no condition, no notification, whatever the arguments.
-    pub fn allows_outright(&self, name: &str, elide_paths: bool) -> bool {
-        let spec = self.filter_spec(elide_paths);
-        let mut rules = spec.rules.iter().filter(|r| r.name == name).peekable();
-        if rules.peek().is_none() {
-            return spec.default == notify::Action::Allow;
-        }
-        rules.all(|r| r.action == notify::Action::Allow && r.when.is_empty())
-    }
-
     /// Whether no target can change its root directory: with or without the path calls
     /// elided, the filter refuses chroot, pivot_root and setns outright (never notified, so
     /// never continued). Path resolution then reads the targets' root once.

@@ -952,22 +952,23 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
     jail::mark("maps");
     let _ = nix::unistd::write(&maps_tx, b"g");
     drop(maps_tx);
-    let (fd, target_pid) = match jrecv(&status_rx) {
+    let (listener, go_tx) = match jrecv(&status_rx) {
+        // Already on its way to execve: nothing left to release.
         Some(([J_LISTENER_PASSED, ..], Some(_), Some(listener))) if p.pass_listener => {
             jail::mark("listener");
-            return Ok(Child {
-                pid,
-                display: p.display.clone(),
-                listener,
-                status_rx: exec_rx,
-                go_tx: None,
-                ended_rx,
-                cgroup,
-                host_lock: plan.spec.host_lock.take(),
-                jailed: true,
-            });
+            (listener, None)
         }
-        Some(([J_LISTENER, fd, _, _], Some(tpid), _)) => (fd as i32, tpid),
+        Some(([J_LISTENER, fd, _, _], Some(tpid), _)) => {
+            jail::mark("listener");
+            let pidfd = sys::pidfd_open(tpid).context("pidfd_open")?;
+            let listener = sys::pidfd_getfd(pidfd.as_fd(), fd as i32).map_err(|e| {
+                setup_failed(format!(
+                    "taking the seccomp listener (pidfd_getfd): {}",
+                    e.desc()
+                ))
+            })?;
+            (listener, Some(go_tx))
+        }
         Some(([J_JAIL_STAGE, step, detail, errno], _, _)) => {
             return Err(setup_failed(plan.describe(jail::StageError {
                 step,
@@ -980,20 +981,12 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         }
         _ => return Err(setup_failed("the jail's init exited during setup".into())),
     };
-    jail::mark("listener");
-    let pidfd = sys::pidfd_open(target_pid).context("pidfd_open")?;
-    let listener = sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| {
-        setup_failed(format!(
-            "taking the seccomp listener (pidfd_getfd): {}",
-            e.desc()
-        ))
-    })?;
     Ok(Child {
         pid,
         display: p.display.clone(),
         listener,
         status_rx: exec_rx,
-        go_tx: Some(go_tx),
+        go_tx,
         ended_rx,
         cgroup,
         host_lock: plan.spec.host_lock.take(),

@@ -190,7 +190,9 @@ pub fn sigtimedwait(
     set: &nix::sys::signal::SigSet,
     timeout: std::time::Duration,
 ) -> Result<(i32, i32), Errno> {
-    let ts = *nix::sys::time::TimeSpec::from_duration(timeout).as_ref();
+    // Saturated, not wrapped, past the largest time_t.
+    let secs = i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX);
+    let ts = *nix::sys::time::TimeSpec::new(secs, timeout.subsec_nanos().into()).as_ref();
     let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
     // SAFETY: `set` is a valid sigset_t, `info` a writable siginfo_t, `ts` a live timespec.
     let rc = unsafe { libc::sigtimedwait(set.as_ref(), info.as_mut_ptr(), &ts) };
