@@ -30,7 +30,7 @@ venv_py="$work/venv/bin/python"
 # unless SIGMA_SUPERVISE already names one.
 if [ -z "${SIGMA_SUPERVISE:-}" ]; then
   echo "pysigma: building sigma-supervise" >&2
-  (cd "$crate/.." && cargo build -q -p sigma-supervise) >&2
+  (cd "$crate/.." && cargo build -q --workspace --bins) >&2
   target="${CARGO_TARGET_DIR:-$crate/../target}"
   case "$target" in /*) ;; *) target="$crate/../$target" ;; esac
   export SIGMA_SUPERVISE="$(cd "$target/debug" && pwd)/sigma-supervise"
