@@ -200,16 +200,28 @@ fn main() -> ExitCode {
     if let Some(Sub::Publish(args)) = &cli.sub {
         return publish::main(args);
     }
-    match run(cli) {
+    let code = match run(cli) {
         Ok(code) => {
             jail::mark("finished");
-            ExitCode::from(code)
+            code
         }
         Err(failure) => {
             eprintln!("sigma-supervise: {:#}", failure.error);
-            ExitCode::from(failure.code)
+            failure.code
         }
-    }
+    };
+    exit_now(code)
+}
+
+/// Ends the process without the C runtime's teardown: stdio flushed, then `_exit`. Nothing is
+/// left for the teardown to do (every file, lock and temporary went with `run`'s state), and
+/// the allocator's exit handler would hand back its memory a region at a time (each a TLB
+/// shootdown across CPUs) while the kernel drops the whole address space at once.
+fn exit_now(code: u8) -> ! {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    sys::exit_now(i32::from(code))
 }
 
 /// An error for the user plus the exit status it maps to (127 not found, 126 not executable,
@@ -378,7 +390,10 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     };
     // The program loads while the realm server and the notification thread start.
     child.release();
-    api.start();
+    let on_demand: Vec<Box<dyn supervisor::OnDemand>> = match api.unstarted() {
+        Some(u) => vec![Box::new(u)],
+        None => Vec::new(),
+    };
     let status = supervisor::supervise(
         child,
         policy,
@@ -389,6 +404,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         resolver,
         cli.grace,
         hints,
+        on_demand,
     )?;
     api.finish(status, cli.stats, cli.sigma.require_started)
 }

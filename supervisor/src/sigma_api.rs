@@ -25,7 +25,7 @@ use spproxy::server::{
     StoreError,
 };
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -291,13 +291,15 @@ impl SigmaApi {
         })
     }
 
-    /// Serve the embedded connection on its own thread. Call after fork.
-    pub fn start(&mut self) {
-        if let Some((srv, end @ Some(_))) = &mut self.server {
-            let stream = end.take().expect("checked Some");
-            // Detached: ends when every target process has closed its end.
-            drop(srv.serve_stream(stream));
-            tracing::debug!(realm = %srv.config().realm, "embedded realm server started");
+    /// The embedded server's end of the target's connection, not yet served: the supervisor
+    /// starts it once the target first writes there (see [`Unstarted`]). Call after fork.
+    pub fn unstarted(&mut self) -> Option<Unstarted> {
+        match &mut self.server {
+            Some((srv, end @ Some(_))) => end.take().map(|stream| Unstarted {
+                srv: srv.clone(),
+                stream,
+            }),
+            _ => None,
         }
     }
 
@@ -327,6 +329,44 @@ impl SigmaApi {
             });
         }
         Ok(code)
+    }
+}
+
+/// The embedded server's end of the target's connection before anything arrived on it. Most
+/// programs never call the σOS API: their runs start no server thread at all (its creation and
+/// teardown are a fair part of a short run's cost). The supervisor watches [`Unstarted::as_fd`]
+/// and calls [`Unstarted::readable`] once it is readable (a request, or the target's end closed).
+pub struct Unstarted {
+    srv: Server,
+    stream: UnixStream,
+}
+
+impl crate::supervisor::OnDemand for Unstarted {
+    /// A request waits: the connection is served on its own thread, detached, until every
+    /// target process has closed its end. Or every target process closed its end without a
+    /// word: nothing to serve.
+    fn readable(self: Box<Self>) -> Option<Box<dyn crate::supervisor::OnDemand>> {
+        let mut b = [0u8; 1];
+        match nix::sys::socket::recv(
+            self.stream.as_raw_fd(),
+            &mut b,
+            nix::sys::socket::MsgFlags::MSG_PEEK | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(0) => None,
+            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => Some(self),
+            // A request, or an error the server's first read reports.
+            _ => {
+                drop(self.srv.serve_stream(self.stream));
+                tracing::debug!(realm = %self.srv.config().realm, "embedded realm server started");
+                None
+            }
+        }
+    }
+}
+
+impl AsFd for Unstarted {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
     }
 }
 

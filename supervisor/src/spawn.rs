@@ -519,7 +519,7 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
     let _ = sys::set_parent_death_kill();
     let fail = |stage: u32, e: Errno| -> ! {
         send(status_tx, stage, e as i32);
-        sys::exit_child(125)
+        sys::exit_now(125)
     };
     // A mount namespace only when there is something to hide or over-mount (its setup and
     // teardown cost a little on every run).
@@ -580,13 +580,13 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
     let mut b = [0u8; 1];
     match nix::unistd::read(go_rx, &mut b) {
         Ok(1) => {}
-        Ok(_) => sys::exit_child(125),
+        Ok(_) => sys::exit_now(125),
         Err(e) => fail(STAGE_HANDOFF, e),
     }
     drop(listener);
     let e = sys::execve(&p.path, &p.argv_ptrs, &p.envp_ptrs);
     send(status_tx, STAGE_EXEC, e as i32);
-    sys::exit_child(if e == Errno::ENOENT { 127 } else { 126 })
+    sys::exit_now(if e == Errno::ENOENT { 127 } else { 126 })
 }
 
 /// Fork the child, let it set itself up, and take its listener. Must run while this process has
@@ -761,7 +761,7 @@ fn jailed_target(
     let _ = sys::set_parent_death_kill();
     if let Err(e) = jail::world::identity(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
-        sys::exit_child(125)
+        sys::exit_now(125)
     }
     // The supervisor takes our listener with pidfd_getfd, and init our network namespace with
     // setns: both need us dumpable (after the change of ids, which resets it; execve decides
@@ -769,32 +769,32 @@ fn jailed_target(
     let _ = nix::sys::prctl::set_dumpable(true);
     if let Err(e) = jail::world::private_net(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
-        sys::exit_child(125)
+        sys::exit_now(125)
     }
     let _ = nix::unistd::write(&init.net_tx, b"n");
     drop(init.net_tx);
     // EOF: init failed (and said why) or died.
     if !wait_byte(&init.world_rx) {
-        sys::exit_child(125)
+        sys::exit_now(125)
     }
     drop(init.world_rx);
     jail::mark("world-seen");
     if let Err(e) = jail::shed::shed(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
-        sys::exit_child(125)
+        sys::exit_now(125)
     }
     jail::mark("shed");
     if let Some(cpu) = p.pin_cpu {
         if let Err(e) = pin_to(cpu) {
             jsend(status, J_STAGE, STAGE_AFFINITY, 0, e as i32);
-            sys::exit_child(125)
+            sys::exit_now(125)
         }
     }
     let listener = match p.filter.install() {
         Ok(fd) => fd,
         Err(e) => {
             jsend(status, J_STAGE, STAGE_FILTER, 0, e as i32);
-            sys::exit_child(125)
+            sys::exit_now(125)
         }
     };
     jail::mark("filter");
@@ -803,14 +803,14 @@ fn jailed_target(
     if !(p.pass_listener && jsend_fd(status, listener.as_fd())) {
         jsend(status, J_LISTENER, listener.as_raw_fd() as u32, 0, 0);
         if !wait_byte(go_rx) {
-            sys::exit_child(125)
+            sys::exit_now(125)
         }
     }
     jail::mark("released");
     drop(listener);
     let e = sys::execve(&p.path, &p.argv_ptrs, &p.envp_ptrs);
     send(exec_tx, STAGE_EXEC, e as i32);
-    sys::exit_child(if e == Errno::ENOENT { 127 } else { 126 })
+    sys::exit_now(if e == Errno::ENOENT { 127 } else { 126 })
 }
 
 /// Start the target in its σcontainer: clone init into new namespaces, map its ids, let it
@@ -871,7 +871,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         let _ = sys::set_parent_death_kill();
         let fail = |e: jail::StageError| -> ! {
             jsend(&status_tx, J_JAIL_STAGE, e.step, e.detail, e.errno);
-            sys::exit_child(125)
+            sys::exit_now(125)
         };
         // What needs no id mapping is done while the supervisor writes the maps.
         let trees = match jail::world::clone_sources(&plan) {
@@ -882,7 +882,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         // our /proc files; then nobody in the jail may read init's memory (a copy of the
         // supervisor's) or its /proc files.
         if !wait_byte(&maps_rx) {
-            sys::exit_child(125)
+            sys::exit_now(125)
         }
         let _ = nix::sys::prctl::set_dumpable(false);
         drop(maps_rx);
@@ -893,7 +893,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
             Ok(p) => p,
             Err(e) => {
                 jsend(&status_tx, J_STAGE, STAGE_EXEC, 0, e as i32);
-                sys::exit_child(125)
+                sys::exit_now(125)
             }
         };
         // The target makes its network namespace while we build the root (see jail's docs).
@@ -907,7 +907,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
             Ok(t) => t,
             Err(e) => {
                 jsend(&status_tx, J_STAGE, STAGE_EXEC, 0, e as i32);
-                sys::exit_child(125)
+                sys::exit_now(125)
             }
         };
         drop(net_tx);
@@ -918,7 +918,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         jail::mark("world");
         // EOF: the target failed (and said why) or died.
         if !wait_byte(&net_rx) {
-            sys::exit_child(125)
+            sys::exit_now(125)
         }
         if let Err(e) = jail::world::join_net(&plan, target) {
             fail(e)

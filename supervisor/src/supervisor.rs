@@ -194,6 +194,13 @@ fn exit_code(status: WaitStatus) -> Option<u8> {
     }
 }
 
+/// Work the supervisor starts on the first sign of need: once its fd is readable (a request
+/// waits, or the peer hung up), [`OnDemand::readable`] starts it or finds it unneeded (`None`),
+/// or finds nothing there yet (`Some`: go on watching).
+pub trait OnDemand: std::os::fd::AsFd {
+    fn readable(self: Box<Self>) -> Option<Box<dyn OnDemand>>;
+}
+
 /// Reap until no child is left; forward terminating signals to the main child. Once the main
 /// child has exited, what it left behind gets SIGTERM, then SIGKILL after `grace`.
 ///
@@ -204,24 +211,22 @@ fn exit_code(status: WaitStatus) -> Option<u8> {
 ///
 /// `ended` is the jail init's pipe: the status it gives there is the answer, without waiting
 /// for init's own exit (the namespaces' teardown), which is reaped by whoever inherits it.
+///
+/// `on_demand` is work started only once its fd becomes readable (the notification thread,
+/// the embedded σOS server's connection): a program that never needs it costs no thread.
 fn wait_all(
     main_pid: i32,
     grace: Duration,
     only_main: bool,
     mut ended: Option<std::os::fd::BorrowedFd<'_>>,
+    mut on_demand: Vec<Box<dyn OnDemand>>,
 ) -> anyhow::Result<u8> {
     let set = handled_signals();
-    let signals = match ended {
-        Some(_) => Some(
-            nix::sys::signalfd::SignalFd::with_flags(
-                &set,
-                nix::sys::signalfd::SfdFlags::SFD_CLOEXEC
-                    | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
-            )
-            .context("signalfd")?,
-        ),
-        None => None,
-    };
+    let signals = nix::sys::signalfd::SignalFd::with_flags(
+        &set,
+        nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
+    )
+    .context("signalfd")?;
     let tree = Tree {
         root: main_pid,
         supervisor: std::process::id() as i32,
@@ -259,22 +264,25 @@ fn wait_all(
             kill_at = Some(Instant::now() + grace);
         }
         let left = kill_at.map(|at| at.saturating_duration_since(Instant::now()));
-        let waited = match (&signals, ended) {
-            (Some(signals), Some(fd)) => match sys::wait_signal_or_byte(signals, fd, left) {
-                Ok(sys::Woke::Signal(sig, code)) => Ok((sig, code)),
-                Ok(sys::Woke::Byte(Some(code))) => return Ok(code),
-                // init died without a word (killed): its reaping tells.
-                Ok(sys::Woke::Byte(None)) => {
-                    ended = None;
-                    continue;
+        let watch: Vec<_> = on_demand.iter().map(|w| w.as_fd()).collect();
+        let waited = match sys::wait_signal_or_fds(&signals, ended, &watch, left) {
+            Ok(sys::Woke::Signal(sig, code)) => Ok((sig, code)),
+            Ok(sys::Woke::Byte(Some(code))) => return Ok(code),
+            // init died without a word (killed): its reaping tells.
+            Ok(sys::Woke::Byte(None)) => {
+                ended = None;
+                continue;
+            }
+            Ok(sys::Woke::Ready(i)) => {
+                drop(watch);
+                let w = on_demand.swap_remove(i);
+                if let Some(w) = w.readable() {
+                    on_demand.push(w);
                 }
-                Ok(sys::Woke::Timeout) => Err(Errno::EAGAIN),
-                Err(e) => Err(e),
-            },
-            _ => match left {
-                Some(left) => sys::sigtimedwait(&set, left),
-                None => sys::sigwaitinfo(&set),
-            },
+                continue;
+            }
+            Ok(sys::Woke::Timeout) => Err(Errno::EAGAIN),
+            Err(e) => Err(e),
         };
         let (sig, code) = match waited {
             Ok(v) => v,
@@ -286,7 +294,7 @@ fn wait_all(
                 kill_at = Some(Instant::now() + grace.max(Duration::from_millis(100)));
                 continue;
             }
-            Err(e) => return Err(e).context("sigwaitinfo"),
+            Err(e) => return Err(e).context("waiting for signals"),
         };
         if sig == libc::SIGCHLD {
             continue;
@@ -324,6 +332,7 @@ pub fn supervise(
     resolver: Box<dyn Resolver>,
     grace: Duration,
     hints: Option<crate::readonly::Hints>,
+    on_demand: Vec<Box<dyn OnDemand>>,
 ) -> Result<u8, Failure> {
     let started = Instant::now();
     let (kinds, warnings) = policy.kinds(MAX_SYSCALL)?;
@@ -372,14 +381,20 @@ pub fn supervise(
     let _host_lock = child.host_lock.take();
     let ended = child.ended_rx.take();
     if let Err(errno) = child.exec_result() {
-        let _ = wait_all(pid, grace, jailed, None);
+        let _ = wait_all(pid, grace, jailed, None, on_demand);
         let e = Errno::from_raw(errno);
         return Err(Failure {
             error: anyhow!("cannot execute {display}: {}", e.desc()),
             code: if e == Errno::ENOENT { 127 } else { 126 },
         });
     }
-    let code = wait_all(pid, grace, jailed, ended.as_ref().map(|f| f.as_fd()))?;
+    let code = wait_all(
+        pid,
+        grace,
+        jailed,
+        ended.as_ref().map(|f| f.as_fd()),
+        on_demand,
+    )?;
     jail::mark("ended");
     if code < 128 {
         // Not for a proc killed by a signal: the user wants the run over.

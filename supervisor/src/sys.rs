@@ -27,8 +27,9 @@ pub fn execve(path: &CStr, argv: &[*const c_char], envp: &[*const c_char]) -> Er
     Errno::last()
 }
 
-/// _exit(2): leave the forked child without running the parent's atexit handlers.
-pub fn exit_child(code: i32) -> ! {
+/// _exit(2): the process ends now, without atexit handlers (a forked child's would be the
+/// parent's) or stdio flushing.
+pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit has no preconditions; it does not return.
     unsafe { libc::_exit(code) }
 }
@@ -121,18 +122,6 @@ pub fn struct_from_bytes<T: KernelStruct>(bytes: &[u8]) -> T {
     }
 }
 
-/// sigwaitinfo(2) on the blocked set: (signal number, si_code). SI_KERNEL marks signals a
-/// terminal sent to the whole foreground group (the child already got them).
-pub fn sigwaitinfo(set: &nix::sys::signal::SigSet) -> Result<(i32, i32), Errno> {
-    let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
-    // SAFETY: `set` is a valid sigset_t for the call; `info` is a writable siginfo_t.
-    let rc = unsafe { libc::sigwaitinfo(set.as_ref(), info.as_mut_ptr()) };
-    let signo = Errno::result(rc)?;
-    // SAFETY: sigwaitinfo succeeded, so the kernel filled `info`.
-    let info = unsafe { info.assume_init() };
-    Ok((signo, info.si_code))
-}
-
 /// A detached, read-only, recursive clone of the mount tree at `dir` (open_tree(2) with
 /// OPEN_TREE_CLONE, then mount_setattr(2)). Files opened beneath it — and fds injected into the
 /// target from it — cannot be written, and `..` cannot climb above its root.
@@ -184,39 +173,27 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: i32, flags: u32) -> Result<
     Errno::result(rc).map(drop)
 }
 
-/// sigtimedwait(2) on the blocked set: (signal number, si_code), or EAGAIN once `timeout`
-/// passes without one.
-pub fn sigtimedwait(
-    set: &nix::sys::signal::SigSet,
-    timeout: std::time::Duration,
-) -> Result<(i32, i32), Errno> {
-    // Saturated, not wrapped, past the largest time_t.
-    let secs = i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX);
-    let ts = *nix::sys::time::TimeSpec::new(secs, timeout.subsec_nanos().into()).as_ref();
-    let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
-    // SAFETY: `set` is a valid sigset_t, `info` a writable siginfo_t, `ts` a live timespec.
-    let rc = unsafe { libc::sigtimedwait(set.as_ref(), info.as_mut_ptr(), &ts) };
-    let signo = Errno::result(rc)?;
-    // SAFETY: sigtimedwait succeeded, so the kernel filled `info`.
-    let info = unsafe { info.assume_init() };
-    Ok((signo, info.si_code))
-}
-
-/// What ended a wait in [`wait_signal_or_byte`].
+/// What ended a wait in [`wait_signal_or_fds`].
 pub enum Woke {
-    /// A signal of the set: its number and `si_code`.
+    /// A signal of the set: its number and `si_code`. SI_KERNEL marks signals a terminal sent
+    /// to the whole foreground group (the child already got them).
     Signal(i32, i32),
-    /// The fd gave a byte, or `None` at its end.
+    /// The byte fd gave a byte, or `None` at its end.
     Byte(Option<u8>),
+    /// The watched fd of this index became readable (or its peer hung up); it was not read.
+    Ready(usize),
     /// The timeout passed.
     Timeout,
 }
 
-/// Wait for a signal of the set `signals` reads (blocked in every thread, as for
-/// [`sigwaitinfo`]) or for a byte on `fd`, at most `timeout` (`None`: no limit).
-pub fn wait_signal_or_byte(
+/// Wait for a signal of the set `signals` reads (blocked in every thread), for a byte on
+/// `byte` (read), or for one of `watch` to become readable (not read), at most `timeout`
+/// (`None`: no limit). Readiness comes before a byte (what a watched fd has to say is heard
+/// before the end), a byte before a signal.
+pub fn wait_signal_or_fds(
     signals: &nix::sys::signalfd::SignalFd,
-    fd: BorrowedFd<'_>,
+    byte: Option<BorrowedFd<'_>>,
+    watch: &[BorrowedFd<'_>],
     timeout: Option<std::time::Duration>,
 ) -> Result<Woke, Errno> {
     use nix::poll::{PollFd, PollFlags, PollTimeout};
@@ -226,15 +203,21 @@ pub fn wait_signal_or_byte(
         Some(t) => PollTimeout::try_from(t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32)
             .unwrap_or(PollTimeout::MAX),
     };
-    let mut fds = [
-        PollFd::new(signals.as_fd(), PollFlags::POLLIN),
-        PollFd::new(fd, PollFlags::POLLIN),
-    ];
+    // signals, then `watch`, then `byte`.
+    let mut fds = Vec::with_capacity(watch.len() + 2);
+    fds.push(PollFd::new(signals.as_fd(), PollFlags::POLLIN));
+    fds.extend(watch.iter().map(|fd| PollFd::new(*fd, PollFlags::POLLIN)));
+    if let Some(fd) = byte {
+        fds.push(PollFd::new(fd, PollFlags::POLLIN));
+    }
     if nix::poll::poll(&mut fds, timeout)? == 0 {
         return Ok(Woke::Timeout);
     }
     let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
-    if ready(&fds[1]) {
+    if let Some(i) = fds[1..1 + watch.len()].iter().position(ready) {
+        return Ok(Woke::Ready(i));
+    }
+    if let Some(fd) = byte.filter(|_| fds.last().is_some_and(ready)) {
         let mut b = [0u8; 1];
         return match nix::unistd::read(fd, &mut b) {
             Ok(0) => Ok(Woke::Byte(None)),
@@ -245,7 +228,7 @@ pub fn wait_signal_or_byte(
     }
     match signals.read_signal()? {
         Some(info) => Ok(Woke::Signal(info.ssi_signo as i32, info.ssi_code)),
-        // Taken by a sigwaitinfo elsewhere meanwhile: wait again.
+        // Not there after all (or taken meanwhile): wait again.
         None => Err(Errno::EINTR),
     }
 }

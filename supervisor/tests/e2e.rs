@@ -782,3 +782,19 @@ fn each_proc_of_a_root_supervisor_has_a_host_id_of_its_own() {
         );
     }
 }
+
+#[test]
+fn a_program_that_never_calls_the_sigma_api_starts_no_server_thread() {
+    // The supervisor's threads, as its child sees them (without a jail, its parent is the
+    // supervisor). The embedded server's end of the target's connection is watched, not
+    // served: its thread starts with the first request (the pysigma and Go suites make those).
+    let o = run(sup().arg("--no-jail").args([
+        "sh",
+        "-c",
+        "cat /proc/$PPID/comm /proc/$PPID/task/*/comm",
+    ]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let names = stdout(&o);
+    assert!(names.lines().count() >= 2, "{names}");
+    assert!(!names.contains("spproxy"), "{names}");
+}

@@ -1,7 +1,8 @@
 //! A connection: the reader (framing, bounded by the limits, one request at a time) writes
 //! each reply itself; replies of parked calls come from the waiter thread through an outbox
-//! drained by the connection's writer thread, so the waiter thread never blocks on a client
-//! that stops reading (which stalls only its own connection). One lock orders the writes.
+//! drained by the connection's writer thread (started by the first call that parks), so the
+//! waiter thread never blocks on a client that stops reading (which stalls only its own
+//! connection). One lock orders the writes.
 
 use std::collections::VecDeque;
 use std::io::{self, BufReader};
@@ -135,11 +136,10 @@ pub fn serve(inner: &Arc<Inner>, s: UnixStream) -> Result<(), ServerError> {
         closed: AtomicBool::new(false),
         waiting: AtomicUsize::new(0),
     });
-    let res = (|| {
-        let wconn = conn.clone();
-        let wthread = std::thread::Builder::new()
-            .name("spproxy-write".into())
-            .spawn(move || writer(&wconn))?;
+    let res = {
+        // The writer is started by the first call that parks: most connections never park
+        // one, and a thread's creation and teardown cost more than a short proc's calls.
+        let mut wthread = None;
         let limits = Limits {
             max_frames: 4096,
             max_frame_len: lim.max_frame,
@@ -153,8 +153,20 @@ pub fn serve(inner: &Arc<Inner>, s: UnixStream) -> Result<(), ServerError> {
             match frame::read_message(&mut reader, &limits) {
                 Ok(Some(m)) => {
                     let seqno = m.seqno;
-                    if let Some(frames) = dispatch::handle(inner, &conn, m) {
-                        conn.send_now(seqno, frames);
+                    match dispatch::handle(inner, &conn, m) {
+                        Some(frames) => conn.send_now(seqno, frames),
+                        // Parked: its reply (perhaps queued already) goes out on the writer.
+                        None if wthread.is_none() => {
+                            let wconn = conn.clone();
+                            match std::thread::Builder::new()
+                                .name("spproxy-write".into())
+                                .spawn(move || writer(&wconn))
+                            {
+                                Ok(t) => wthread = Some(t),
+                                Err(e) => break Err(ServerError::Io(e)),
+                            }
+                        }
+                        None => {}
                     }
                 }
                 Ok(None) => break Ok(()),
@@ -163,9 +175,11 @@ pub fn serve(inner: &Arc<Inner>, s: UnixStream) -> Result<(), ServerError> {
             }
         };
         conn.close();
-        let _ = wthread.join();
+        if let Some(t) = wthread {
+            let _ = t.join();
+        }
         res
-    })();
+    };
     conn.close();
     let _ = s.shutdown(std::net::Shutdown::Both);
     // Parked calls of this connection are dropped by the waiter thread on its next pass.
