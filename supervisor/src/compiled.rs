@@ -38,6 +38,9 @@ pub struct Compiled {
     /// (spawn's `Prepared::pass_listener`). Kept with the program: deciding it means building
     /// the whole filter spec (~50 µs).
     pub sendmsg_allowed: bool,
+    /// The filter allows execve(2) outright: nothing is notified before the target's program
+    /// runs, so the notification thread can wait for a first notification to start.
+    pub execve_allowed: bool,
     /// Taken from the cache (for `-v`).
     pub cached: bool,
 }
@@ -49,6 +52,7 @@ struct Entry {
     filter: String,
     guard: Option<String>,
     sendmsg_allowed: bool,
+    execve_allowed: bool,
 }
 
 /// Load `opts.profile` and compile it, from the cache under `root` when an entry for exactly
@@ -66,6 +70,7 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
     let (policy, elide) = policy_of(opts, profile.clone())?;
     let spec = policy.filter_spec(elide);
     let sendmsg_allowed = spec.allows_outright("sendmsg");
+    let execve_allowed = spec.allows_outright("execve");
     let filter = spec.compile().context("compiling the seccomp filter")?;
     let guard = if opts.jailed {
         Some(jail::guard::Guard::new().context("building the jail's seccomp guard")?)
@@ -79,6 +84,7 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
             filter: hex::encode(filter.to_bytes()),
             guard: guard.as_ref().map(|g| hex::encode(g.program().to_bytes())),
             sendmsg_allowed,
+            execve_allowed,
         };
         if let Err(e) = write(f, &entry) {
             tracing::debug!("not caching the compiled profile at {}: {e:#}", f.display());
@@ -91,6 +97,7 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
         filter,
         guard,
         sendmsg_allowed,
+        execve_allowed,
         cached: false,
     })
 }
@@ -121,6 +128,7 @@ fn from_entry(opts: &Options, entry: Entry) -> anyhow::Result<Compiled> {
         filter,
         guard,
         sendmsg_allowed: entry.sendmsg_allowed,
+        execve_allowed: entry.execve_allowed,
         cached: true,
     })
 }
@@ -151,7 +159,7 @@ fn key(opts: &Options, source: &policies::Source) -> String {
         })
         .collect();
     format!(
-        "v3 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} served_at={:?} audit={} \
+        "v4 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} served_at={:?} audit={} \
          jailed={} notify_paths={} read_only_hints={}",
         env!("CARGO_PKG_VERSION"),
         source.file,
@@ -273,9 +281,24 @@ mod tests {
         );
         assert_eq!(first.elide, again.elide);
         assert_eq!(
+            (first.sendmsg_allowed, first.execve_allowed),
+            (again.sendmsg_allowed, again.execve_allowed)
+        );
+        assert_eq!(
             first.policy.filter_spec(first.elide),
             again.policy.filter_spec(again.elide)
         );
+    }
+
+    #[test]
+    fn execve_is_notified_only_where_a_path_rule_needs_it() {
+        let elided = compile(&opts("sigmaos"), None).unwrap();
+        assert!(elided.elide && elided.execve_allowed && elided.sendmsg_allowed);
+        let serves = vec!["/sigma/lib=/tmp".to_string()];
+        let mut o = opts("sigmaos");
+        o.serves = &serves;
+        let served = compile(&o, None).unwrap();
+        assert!(!served.elide && !served.execve_allowed);
     }
 
     #[test]

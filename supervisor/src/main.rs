@@ -283,6 +283,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         filter,
         guard,
         sendmsg_allowed,
+        execve_allowed,
         cached,
     } = compiled::compile(
         &compiled::Options {
@@ -405,6 +406,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         cli.grace,
         hints,
         on_demand,
+        execve_allowed,
     )?;
     api.finish(status, cli.stats, cli.sigma.require_started)
 }

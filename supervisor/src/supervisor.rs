@@ -201,6 +201,52 @@ pub trait OnDemand: std::os::fd::AsFd {
     fn readable(self: Box<Self>) -> Option<Box<dyn OnDemand>>;
 }
 
+/// The notification thread, started on demand (see [`OnDemand`]).
+struct NotifyThread {
+    sh: Arc<Shared>,
+    pin_cpu: Option<usize>,
+}
+
+impl NotifyThread {
+    fn spawn(self) -> std::io::Result<()> {
+        let NotifyThread { sh, pin_cpu } = self;
+        std::thread::Builder::new()
+            .name("sigma-notify".into())
+            .spawn(move || receive_loop(sh, pin_cpu))
+            .map(drop)
+    }
+}
+
+impl std::os::fd::AsFd for NotifyThread {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.sh.listener.as_fd()
+    }
+}
+
+impl OnDemand for NotifyThread {
+    /// A notification waits: the thread starts. The listener hung up (no task uses the
+    /// filter any more) without one: nothing to start.
+    fn readable(self: Box<Self>) -> Option<Box<dyn OnDemand>> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(self.sh.listener.as_fd(), PollFlags::POLLIN)];
+        let revents = match nix::poll::poll(&mut fds, PollTimeout::ZERO) {
+            Ok(_) => fds[0].revents().unwrap_or(PollFlags::empty()),
+            Err(_) => PollFlags::POLLIN,
+        };
+        if !revents.contains(PollFlags::POLLIN) {
+            return (!revents.contains(PollFlags::POLLHUP)).then_some(self as Box<dyn OnDemand>);
+        }
+        let (sh, pin_cpu) = (Arc::clone(&self.sh), self.pin_cpu);
+        if let Err(e) = self.spawn() {
+            // No thread to be had: answer here, until no task uses the filter (the reaping
+            // waits meanwhile) rather than leave the target waiting for a decision.
+            tracing::warn!("starting the notification thread: {e}; answering on the main thread");
+            receive_loop(sh, pin_cpu);
+        }
+        None
+    }
+}
+
 /// Reap until no child is left; forward terminating signals to the main child. Once the main
 /// child has exited, what it left behind gets SIGTERM, then SIGKILL after `grace`.
 ///
@@ -332,7 +378,8 @@ pub fn supervise(
     resolver: Box<dyn Resolver>,
     grace: Duration,
     hints: Option<crate::readonly::Hints>,
-    on_demand: Vec<Box<dyn OnDemand>>,
+    mut on_demand: Vec<Box<dyn OnDemand>>,
+    notify_on_demand: bool,
 ) -> Result<u8, Failure> {
     let started = Instant::now();
     let (kinds, warnings) = policy.kinds(MAX_SYSCALL)?;
@@ -369,11 +416,20 @@ pub fn supervise(
         },
         abstract_names: Default::default(),
     });
-    let sh2 = Arc::clone(&sh);
-    std::thread::Builder::new()
-        .name("sigma-notify".into())
-        .spawn(move || receive_loop(sh2, pin_cpu))
-        .context("starting the notification thread")?;
+    let starter = NotifyThread {
+        sh: Arc::clone(&sh),
+        pin_cpu,
+    };
+    if notify_on_demand {
+        // Nothing is notified before the program runs (its execve is allowed outright): the
+        // thread starts with the first notification, and a run without one has none.
+        on_demand.push(Box::new(starter));
+    } else {
+        // The target's own execve waits for a decision: the thread must be there first.
+        starter
+            .spawn()
+            .context("starting the notification thread")?;
+    }
     let pid = child.pid;
     let jailed = child.jailed;
     let display = child.display.clone();

@@ -784,10 +784,12 @@ fn each_proc_of_a_root_supervisor_has_a_host_id_of_its_own() {
 }
 
 #[test]
-fn a_program_that_never_calls_the_sigma_api_starts_no_server_thread() {
+fn a_program_that_needs_no_decision_and_never_calls_the_sigma_api_starts_no_thread() {
     // The supervisor's threads, as its child sees them (without a jail, its parent is the
     // supervisor). The embedded server's end of the target's connection is watched, not
-    // served: its thread starts with the first request (the pysigma and Go suites make those).
+    // served: its thread starts with the first request (the pysigma and Go suites make
+    // those). Without path rules nothing here is notified: the notification thread starts
+    // with a first notification (below).
     let o = run(sup().arg("--no-jail").args([
         "sh",
         "-c",
@@ -795,6 +797,17 @@ fn a_program_that_never_calls_the_sigma_api_starts_no_server_thread() {
     ]));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let names = stdout(&o);
-    assert!(names.lines().count() >= 2, "{names}");
+    assert_eq!(names.lines().count(), 2, "{names}");
     assert!(!names.contains("spproxy"), "{names}");
+    assert!(!names.contains("sigma-notify"), "{names}");
+    // With --audit a refused call is notified (to be logged): the thread starts and answers.
+    let code = "import os, socket\n\
+                try: socket.socket()\n\
+                except OSError as e: print(e.errno)\n\
+                d = f'/proc/{os.getppid()}/task'\n\
+                print(sorted(open(f'{d}/{t}/comm').read().strip() for t in os.listdir(d)))";
+    let o = run(sup().args(["--no-jail", "--audit", "python3", "-c", code]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "1\n['sigma-notify', 'sigma-supervise']\n");
+    assert_eq!(stderr(&o).matches("denied socket (pid ").count(), 1);
 }
