@@ -571,7 +571,8 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
         }
     }
     // From here on the filter applies: only read/write/close (allowed by every profile) until
-    // execve, which is notified and answered by the parent's notification thread.
+    // execve. Where a path rule has execve notified, the parent's notification thread is
+    // running before the parent waits for the exec (see supervisor::supervise).
     let listener = match p.filter.install() {
         Ok(fd) => fd,
         Err(e) => fail(STAGE_FILTER, e),
