@@ -234,7 +234,9 @@ impl OnDemand for NotifyThread {
             Err(_) => PollFlags::POLLIN,
         };
         if !revents.contains(PollFlags::POLLIN) {
-            return (!revents.contains(PollFlags::POLLHUP)).then_some(self as Box<dyn OnDemand>);
+            // Nothing at all: a spurious wake-up, go on watching. A hang-up (or anything else
+            // without a notification): never to be needed, and never to be polled again.
+            return revents.is_empty().then_some(self as Box<dyn OnDemand>);
         }
         let (sh, pin_cpu) = (Arc::clone(&self.sh), self.pin_cpu);
         if let Err(e) = self.spawn() {
