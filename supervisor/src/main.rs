@@ -210,14 +210,14 @@ fn main() -> ExitCode {
             failure.code
         }
     };
-    exit_now(code)
+    exit_flushed(code)
 }
 
 /// Ends the process without the C runtime's teardown: stdio flushed, then `_exit`. Nothing is
 /// left for the teardown to do (every file, lock and temporary went with `run`'s state), and
 /// the allocator's exit handler would hand back its memory a region at a time (each a TLB
 /// shootdown across CPUs) while the kernel drops the whole address space at once.
-fn exit_now(code: u8) -> ! {
+fn exit_flushed(code: u8) -> ! {
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();

@@ -208,8 +208,8 @@ struct NotifyThread {
 }
 
 impl NotifyThread {
-    fn spawn(self) -> std::io::Result<()> {
-        let NotifyThread { sh, pin_cpu } = self;
+    fn spawn(&self) -> std::io::Result<()> {
+        let (sh, pin_cpu) = (Arc::clone(&self.sh), self.pin_cpu);
         std::thread::Builder::new()
             .name("sigma-notify".into())
             .spawn(move || receive_loop(sh, pin_cpu))
@@ -238,12 +238,11 @@ impl OnDemand for NotifyThread {
             // without a notification): never to be needed, and never to be polled again.
             return revents.is_empty().then_some(self as Box<dyn OnDemand>);
         }
-        let (sh, pin_cpu) = (Arc::clone(&self.sh), self.pin_cpu);
         if let Err(e) = self.spawn() {
             // No thread to be had: answer here, until no task uses the filter (the reaping
             // waits meanwhile) rather than leave the target waiting for a decision.
             tracing::warn!("starting the notification thread: {e}; answering on the main thread");
-            receive_loop(sh, pin_cpu);
+            receive_loop(self.sh, self.pin_cpu);
         }
         None
     }
