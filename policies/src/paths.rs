@@ -18,6 +18,8 @@ pub struct PathRule {
     /// Absolute, normalized (no `.`, `..`, repeated or trailing `/`).
     pub prefix: PathBuf,
     pub action: PathAction,
+    /// Documentation of the rule, not in the serde form (see [`crate::Profile`]).
+    #[serde(skip)]
     pub reason: String,
 }
 

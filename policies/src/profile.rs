@@ -149,6 +149,8 @@ pub struct SyscallEntry {
     pub action: SyscallAction,
     /// All must hold for the entry to apply; otherwise the default applies.
     pub when: Vec<ArgCmp>,
+    /// Why the entry is there: documentation of the profile's text, not in the serde form.
+    #[serde(skip)]
     pub reason: String,
     pub origin: Option<Origin>,
     /// Line of the entry's `name` in its file.
@@ -165,9 +167,14 @@ pub enum NotificationKind {
 }
 
 /// A validated profile. Build it with [`crate::load`] or [`Profile::parse`].
+///
+/// Its serde form (the supervisor's compiled-profile cache) keeps what a run uses: the
+/// descriptions and reasons, which document the profile's text, are left out (they are most of
+/// its bytes, and reading them back was most of a cached start's cost).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Profile {
     name: String,
+    #[serde(skip)]
     description: String,
     source: String,
     default: DefaultAction,

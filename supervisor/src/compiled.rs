@@ -53,6 +53,7 @@ struct Entry {
     guard: Option<String>,
     sendmsg_allowed: bool,
     execve_allowed: bool,
+    root_fixed: bool,
 }
 
 /// Load `opts.profile` and compile it, from the cache under `root` when an entry for exactly
@@ -67,7 +68,9 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
         }
     }
     let profile = source.parse()?;
-    let (policy, elide) = policy_of(opts, profile.clone())?;
+    let (mut policy, elide) = policy_of(opts, profile.clone())?;
+    let root_fixed = policy.root_is_fixed();
+    policy.set_root_fixed(root_fixed);
     let spec = policy.filter_spec(elide);
     let sendmsg_allowed = spec.allows_outright("sendmsg");
     let execve_allowed = spec.allows_outright("execve");
@@ -85,6 +88,7 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
             guard: guard.as_ref().map(|g| hex::encode(g.program().to_bytes())),
             sendmsg_allowed,
             execve_allowed,
+            root_fixed,
         };
         if let Err(e) = write(f, &entry) {
             tracing::debug!("not caching the compiled profile at {}: {e:#}", f.display());
@@ -113,7 +117,8 @@ fn policy_of(opts: &Options, profile: policies::Profile) -> anyhow::Result<(Poli
 }
 
 fn from_entry(opts: &Options, entry: Entry) -> anyhow::Result<Compiled> {
-    let (policy, elide) = policy_of(opts, entry.profile)?;
+    let (mut policy, elide) = policy_of(opts, entry.profile)?;
+    policy.set_root_fixed(entry.root_fixed);
     let filter = CompiledFilter::from_bytes(&hex::decode(&entry.filter)?)?;
     let guard = match (&entry.guard, opts.jailed) {
         (Some(g), true) => Some(jail::guard::Guard::from_program(
@@ -159,7 +164,7 @@ fn key(opts: &Options, source: &policies::Source) -> String {
         })
         .collect();
     format!(
-        "v4 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} served_at={:?} audit={} \
+        "v5 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} served_at={:?} audit={} \
          jailed={} notify_paths={} read_only_hints={}",
         env!("CARGO_PKG_VERSION"),
         source.file,
@@ -288,6 +293,7 @@ mod tests {
             first.policy.filter_spec(first.elide),
             again.policy.filter_spec(again.elide)
         );
+        assert!(again.policy.root_is_fixed());
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub struct Policy {
     /// Whether writes are explained when the jail refuses them as read-only
     /// ([`crate::readonly`]): with elided path calls, the writing ones stay notified.
     read_only_hints: bool,
+    /// [`Policy::root_is_fixed`] as the compiled-profile cache recorded it.
+    root_fixed: Option<bool>,
 }
 
 /// A decision for one resolved path.
@@ -114,6 +116,7 @@ impl Policy {
             denied,
             jailed: true,
             read_only_hints: false,
+            root_fixed: None,
         })
     }
 
@@ -245,6 +248,16 @@ impl Policy {
     /// elided, the filter refuses chroot, pivot_root and setns outright (never notified, so
     /// never continued). Path resolution then reads the targets' root once.
     pub fn root_is_fixed(&self) -> bool {
+        self.root_fixed.unwrap_or_else(|| self.root_fixed_by_spec())
+    }
+
+    /// Record [`Policy::root_is_fixed`] (kept with the compiled filter: deciding it builds the
+    /// filter spec twice).
+    pub fn set_root_fixed(&mut self, fixed: bool) {
+        self.root_fixed = Some(fixed);
+    }
+
+    fn root_fixed_by_spec(&self) -> bool {
         [false, true].into_iter().all(|elide| {
             let spec = self.filter_spec(elide);
             ["chroot", "pivot_root", "setns"].into_iter().all(|name| {
