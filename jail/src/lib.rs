@@ -11,17 +11,19 @@
 //!                                            │ clones the bind sources (open_tree), mounts a
 //!                                            │ tmpfs root, attaches binds, /dev, /proc, /tmp,
 //!                                            │ curated /etc, hides, pivot_root, joins the
-//!                                            │ target's network namespace, "world ready"
+//!                                            │ target's network namespace, "world ready",
+//!                                            │ detaches the old root, `/` read-only, "final"
 //!                                            └─ fork ──▶ target (pid 2)
 //!                                                 meanwhile: new network namespace, loopback up;
 //!                                                 on "world ready": rlimits → capabilities
 //!                                                 dropped (all five sets) → no_new_privs →
-//!                                                 Landlock → seccomp → execve
+//!                                                 Landlock → seccomp → on "final": execve
 //! ```
 //!
 //! The two halves run at once where there is a second CPU (a network namespace costs about as
 //! much as the root's ~50 mount operations); pivot_root moves the waiting target into the new
-//! root with init.
+//! root with init, and the old root's detaching (an RCU grace period) overlaps the target's
+//! shedding.
 //!
 //! [`world`] builds the root (in init), [`shed`] drops privilege (in the target), [`init`] is
 //! pid 1's loop (reap, forward signals, end the proc when its program ends), [`limits`] the

@@ -110,8 +110,8 @@ pub fn clone_sources(plan: &Plan) -> Result<Vec<OwnedFd>, StageError> {
 }
 
 /// Build the root from the cloned sources ([`clone_sources`]) and pivot into it (every other
-/// step but the network, made by [`private_net`]). On return the process's `/` is the jail and
-/// its working directory is `/`.
+/// step but the network, made by [`private_net`], and the old root's removal, [`finish`]). On
+/// return the process's `/` is the jail and its working directory is `/`.
 pub fn build(plan: &Plan, trees: Vec<OwnedFd>) -> Result<(), StageError> {
     // Every directory and file is made with the mode the plan gives it (init's own umask; the
     // target, forked earlier, keeps the user's).
@@ -247,10 +247,39 @@ pub fn build(plan: &Plan, trees: Vec<OwnedFd>) -> Result<(), StageError> {
                 let _ = nix::unistd::unlink(EMPTY);
                 let root = std::ffi::CString::new(BUILD_ROOT).expect("no NUL");
                 nix::unistd::chdir(root.as_c_str()).map_err(&err)?;
-                // pivot_root(".", "."): the old root ends up stacked on the new one, then goes.
-                sys::pivot_root(c".", c".").map_err(&err)?;
-                umount2(c".", MntFlags::MNT_DETACH).map_err(&err)?;
+                // The old root goes under the new one, to be detached by `finish`.
+                nix::unistd::mkdir(OLD_ROOT_IN_BUILD, Mode::S_IRWXU).map_err(&err)?;
+                sys::pivot_root(c".", OLD_ROOT_IN_BUILD).map_err(&err)?;
                 nix::unistd::chdir(c"/").map_err(&err)?;
+            }
+            // In `finish`, once the old root is gone.
+            Step::RootReadOnly => {}
+            Step::Hostname { name } => {
+                nix::unistd::sethostname(std::ffi::OsStr::new(name.to_str().unwrap_or("sigma")))
+                    .map_err(&err)?
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Detach the old root (which pivot_root left at [`OLD_ROOT`]), remove its directory and make
+/// `/` read-only: the last steps of [`build`], split off because detaching a mount tree waits
+/// for an (expedited) RCU grace period, ~0.1 ms. Init runs them while the target sheds its
+/// privileges; the target waits for them before it runs the program.
+pub fn finish(plan: &Plan) -> Result<(), StageError> {
+    for (i, step) in plan.steps.iter().enumerate() {
+        let err = at(i, 0);
+        match step {
+            Step::Pivot => {
+                // The whole old tree (every host mount the namespace was copied with).
+                umount2(OLD_ROOT, MntFlags::MNT_DETACH).map_err(&err)?;
+                nix::unistd::unlinkat(
+                    nix::fcntl::AT_FDCWD,
+                    OLD_ROOT,
+                    nix::unistd::UnlinkatFlags::RemoveDir,
+                )
+                .map_err(&err)?;
             }
             Step::RootReadOnly => mount(
                 None::<&CStr>,
@@ -264,14 +293,16 @@ pub fn build(plan: &Plan, trees: Vec<OwnedFd>) -> Result<(), StageError> {
                 None::<&CStr>,
             )
             .map_err(&err)?,
-            Step::Hostname { name } => {
-                nix::unistd::sethostname(std::ffi::OsStr::new(name.to_str().unwrap_or("sigma")))
-                    .map_err(&err)?
-            }
+            _ => {}
         }
     }
     Ok(())
 }
+
+/// Where pivot_root puts the old root (a directory of the new root until [`finish`]).
+const OLD_ROOT: &CStr = c"/.sigma-old-root";
+/// [`OLD_ROOT`] relative to the build root, before the pivot.
+const OLD_ROOT_IN_BUILD: &CStr = c".sigma-old-root";
 
 /// The empty file bound over hidden files, made in the build root and unlinked before pivot.
 const EMPTY: &CStr = c"/tmp/.sigma-empty";

@@ -742,7 +742,8 @@ fn wait_byte(fd: &OwnedFd) -> bool {
 struct WithInit {
     /// "network ready" (our network namespace exists; init joins it).
     net_tx: OwnedFd,
-    /// "world ready" (the root is built and we are in it).
+    /// "world ready" (the root is built and we are in it), then "world final" (the old root
+    /// detached, `/` read-only: see `jail::world::finish`).
     world_rx: OwnedFd,
 }
 
@@ -778,7 +779,6 @@ fn jailed_target(
     if !wait_byte(&init.world_rx) {
         sys::exit_now(125)
     }
-    drop(init.world_rx);
     jail::mark("world-seen");
     if let Err(e) = jail::shed::shed(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
@@ -809,6 +809,11 @@ fn jailed_target(
     }
     jail::mark("released");
     drop(listener);
+    // Init detached the old root meanwhile (EOF: it failed, and said why).
+    if !wait_byte(&init.world_rx) {
+        sys::exit_now(125)
+    }
+    drop(init.world_rx);
     let e = sys::execve(&p.path, &p.argv_ptrs, &p.envp_ptrs);
     send(exec_tx, STAGE_EXEC, e as i32);
     sys::exit_now(if e == Errno::ENOENT { 127 } else { 126 })
@@ -925,6 +930,12 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
             fail(e)
         }
         let _ = nix::unistd::write(&world_tx, b"w");
+        // While the target sheds its privileges (it waits for this before its execve).
+        if let Err(e) = jail::world::finish(&plan) {
+            fail(e)
+        }
+        jail::mark("world-final");
+        let _ = nix::unistd::write(&world_tx, b"f");
         // init keeps nothing of the target's: no pipe, no inherited socket.
         match &ended_tx {
             Some(fd) => jail::close_fds_from_except(3, fd.as_fd()),
