@@ -40,6 +40,13 @@ pub enum LandlockOutcome {
 
 /// Drop every privilege of the calling process (the future target). Returns what Landlock did.
 pub fn shed(plan: &Plan) -> Result<LandlockOutcome, StageError> {
+    drop_privileges(plan)?;
+    confine(plan)
+}
+
+/// The steps of [`shed`] that need no root: rlimits, securebits, every capability set,
+/// no_new_privs. The target takes them while init is still building the root.
+pub fn drop_privileges(plan: &Plan) -> Result<(), StageError> {
     if let Some(n) = plan.spec.limits.pids {
         let lim = n as libc::rlim_t;
         nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NPROC, lim, lim)
@@ -72,6 +79,12 @@ pub fn shed(plan: &Plan) -> Result<LandlockOutcome, StageError> {
     .map_err(stage(3))?;
     sys::clear_capabilities().map_err(stage(4))?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0).map_err(stage(5))?;
+    Ok(())
+}
+
+/// The rest of [`shed`], in the finished root: Landlock on its paths, the working directory,
+/// the jail's seccomp guard. Returns what Landlock did.
+pub fn confine(plan: &Plan) -> Result<LandlockOutcome, StageError> {
     let landlock = if plan.spec.landlock {
         landlock(plan).map_err(|_| stage(6)(Errno::EPERM))?
     } else {

@@ -745,6 +745,8 @@ struct WithInit {
     /// "world ready" (the root is built and we are in it), then "world final" (the old root
     /// detached, `/` read-only: see `jail::world::finish`).
     world_rx: OwnedFd,
+    /// The supervisor's "id maps written" (a pipe init reads too).
+    maps_rx: OwnedFd,
 }
 
 /// The target inside the jail (pid 2): its network namespace while init builds the root, then
@@ -761,6 +763,16 @@ fn jailed_target(
     let _ = old_mask.thread_set_mask();
     sys::default_disposition(Signal::SIGPIPE);
     let _ = sys::set_parent_death_kill();
+    if let Err(e) = jail::world::private_net(plan) {
+        jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
+        sys::exit_now(125)
+    }
+    // The supervisor's word that the id maps are written (one byte of the two it writes; init
+    // reads the other).
+    if !wait_byte(&init.maps_rx) {
+        sys::exit_now(125)
+    }
+    drop(init.maps_rx);
     if let Err(e) = jail::world::identity(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
         sys::exit_now(125)
@@ -769,18 +781,19 @@ fn jailed_target(
     // setns: both need us dumpable (after the change of ids, which resets it; execve decides
     // afresh for the program).
     let _ = nix::sys::prctl::set_dumpable(true);
-    if let Err(e) = jail::world::private_net(plan) {
+    let _ = nix::unistd::write(&init.net_tx, b"n");
+    drop(init.net_tx);
+    // What needs no root, while init builds it.
+    if let Err(e) = jail::shed::drop_privileges(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
         sys::exit_now(125)
     }
-    let _ = nix::unistd::write(&init.net_tx, b"n");
-    drop(init.net_tx);
     // EOF: init failed (and said why) or died.
     if !wait_byte(&init.world_rx) {
         sys::exit_now(125)
     }
     jail::mark("world-seen");
-    if let Err(e) = jail::shed::shed(plan) {
+    if let Err(e) = jail::shed::confine(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
         sys::exit_now(125)
     }
@@ -879,6 +892,37 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
             jsend(&status_tx, J_JAIL_STAGE, e.step, e.detail, e.errno);
             sys::exit_now(125)
         };
+        let pipes = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .and_then(|n| Ok((n, nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)));
+        let ((net_rx, net_tx), (world_rx, world_tx)) = match pipes {
+            Ok(p) => p,
+            Err(e) => {
+                jsend(&status_tx, J_STAGE, STAGE_EXEC, 0, e as i32);
+                sys::exit_now(125)
+            }
+        };
+        // The target makes its network namespace while we build the root (see jail's docs),
+        // starting at once: it is the longest step of a jailed start and needs only the
+        // capabilities the new user namespace gave us, not the id maps.
+        let target = match sys::fork() {
+            Ok(0) => {
+                drop(net_rx);
+                drop(world_tx);
+                let init = WithInit {
+                    net_tx,
+                    world_rx,
+                    maps_rx,
+                };
+                jailed_target(&p, &plan, &status_tx, &go_rx, &exec_tx, &old_mask, init)
+            }
+            Ok(t) => t,
+            Err(e) => {
+                jsend(&status_tx, J_STAGE, STAGE_EXEC, 0, e as i32);
+                sys::exit_now(125)
+            }
+        };
+        drop(net_tx);
+        drop(world_rx);
         // What needs no id mapping is done while the supervisor writes the maps.
         let trees = match jail::world::clone_sources(&plan) {
             Ok(t) => t,
@@ -893,31 +937,6 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         let _ = nix::sys::prctl::set_dumpable(false);
         drop(maps_rx);
         jail::mark("init-maps");
-        let pipes = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .and_then(|n| Ok((n, nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)));
-        let ((net_rx, net_tx), (world_rx, world_tx)) = match pipes {
-            Ok(p) => p,
-            Err(e) => {
-                jsend(&status_tx, J_STAGE, STAGE_EXEC, 0, e as i32);
-                sys::exit_now(125)
-            }
-        };
-        // The target makes its network namespace while we build the root (see jail's docs).
-        let target = match sys::fork() {
-            Ok(0) => {
-                drop(net_rx);
-                drop(world_tx);
-                let init = WithInit { net_tx, world_rx };
-                jailed_target(&p, &plan, &status_tx, &go_rx, &exec_tx, &old_mask, init)
-            }
-            Ok(t) => t,
-            Err(e) => {
-                jsend(&status_tx, J_STAGE, STAGE_EXEC, 0, e as i32);
-                sys::exit_now(125)
-            }
-        };
-        drop(net_tx);
-        drop(world_rx);
         if let Err(e) = jail::world::build(&plan, trees) {
             fail(e)
         }
@@ -962,7 +981,8 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         }
     }
     jail::mark("maps");
-    let _ = nix::unistd::write(&maps_tx, b"g");
+    // One byte for init, one for the target (each reads one).
+    let _ = nix::unistd::write(&maps_tx, b"gg");
     drop(maps_tx);
     let (listener, go_tx) = match jrecv(&status_rx) {
         // Already on its way to execve: nothing left to release.
