@@ -7,23 +7,25 @@
 //!
 //! ```text
 //! supervisor ── clone(NEWUSER|NEWNS|NEWPID|NEWIPC|NEWUTS|NEWCGROUP) ──▶ init (pid 1)
-//!     writes uid_map/gid_map                 │ takes the proc's ids, forks the target, then
-//!                                            │ clones the bind sources (open_tree), mounts a
-//!                                            │ tmpfs root, attaches binds, /dev, /proc, /tmp,
-//!                                            │ curated /etc, hides, pivot_root, joins the
-//!                                            │ target's network namespace, "world ready",
-//!                                            │ detaches the old root, `/` read-only, "final"
+//!     writes uid_map/gid_map                 │ forks the target, clones the bind sources
+//!                                            │ (open_tree), takes the proc's ids once mapped,
+//!                                            │ mounts a tmpfs root, attaches binds, /dev,
+//!                                            │ /proc, /tmp, curated /etc, hides, pivot_root,
+//!                                            │ joins the target's network namespace, "world
+//!                                            │ ready", detaches the old root, `/` read-only,
+//!                                            │ "final"
 //!                                            └─ fork ──▶ target (pid 2)
-//!                                                 meanwhile: new network namespace, loopback up;
-//!                                                 on "world ready": rlimits → capabilities
-//!                                                 dropped (all five sets) → no_new_privs →
-//!                                                 Landlock → seccomp → on "final": execve
+//!                                                 meanwhile: new network namespace, loopback
+//!                                                 up; once mapped: its ids, rlimits →
+//!                                                 capabilities dropped (all five sets) →
+//!                                                 no_new_privs; on "world ready": Landlock →
+//!                                                 guard → seccomp → on "final": execve
 //! ```
 //!
-//! The two halves run at once where there is a second CPU (a network namespace costs about as
-//! much as the root's ~50 mount operations); pivot_root moves the waiting target into the new
-//! root with init, and the old root's detaching (an RCU grace period) overlaps the target's
-//! shedding.
+//! The two halves run at once where there is a second CPU (a network namespace costs more than
+//! the root's ~50 mount operations, and needs no id map); pivot_root moves the waiting target
+//! into the new root with init, and the old root's detaching (an RCU grace period) overlaps the
+//! target's shedding.
 //!
 //! [`world`] builds the root (in init), [`shed`] drops privilege (in the target), [`init`] is
 //! pid 1's loop (reap, forward signals, end the proc when its program ends), [`limits`] the
