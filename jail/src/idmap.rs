@@ -3,13 +3,14 @@
 //! someone else's. A bind marked `idmap` is cloned by the supervisor (root in the initial user
 //! namespace, which idmapping requires) with an id mapping that shows files owned by host uid 0
 //! as the proc's own and writes the proc's new files as uid 0 on disk; files of other owners
-//! stay foreign. The init of the jail then only attaches the prepared tree.
+//! stay foreign. The supervisor makes these trees while init clones the other sources, and
+//! sends them over; init then only attaches them.
 #![allow(unsafe_code)]
 
 use crate::plan::Plan;
 use crate::sys;
 use nix::errno::Errno;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// A user namespace mapping inside 0 to the proc's host ids, as an fd (a short-lived helper
 /// process makes it).
@@ -45,15 +46,25 @@ fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, String> {
     res
 }
 
+/// The most idmapped binds a run may have: one message carries their trees to init.
+pub const MAX_IDMAPPED: usize = 64;
+
 impl Plan {
-    /// Prepare the idmapped binds (a root supervisor only; nothing to do otherwise). Call
-    /// before [`crate::clone_into_namespaces`].
+    /// Prepare the idmapped binds (a root supervisor only, [`Plan::idmapped_later`]; nothing to
+    /// do otherwise). The supervisor calls it once init exists, while init clones the other
+    /// sources, then [`Plan::send_idmapped`].
     pub fn prepare_idmapped(&mut self) -> Result<(), String> {
+        if !self.idmapped_later {
+            return Ok(());
+        }
         let want: Vec<usize> = (0..self.sources.len())
             .filter(|i| self.idmap.get(*i).copied().unwrap_or(false))
             .collect();
-        if want.is_empty() || !nix::unistd::geteuid().is_root() || self.spec.host_uid == 0 {
-            return Ok(());
+        if want.len() > MAX_IDMAPPED {
+            return Err(format!(
+                "{} binds want an idmapped mount; at most {MAX_IDMAPPED} can",
+                want.len()
+            ));
         }
         let userns = mapping_userns(self.spec.host_uid, self.spec.host_gid)?;
         for i in want {
@@ -68,7 +79,7 @@ impl Plan {
                 .and_then(|()| sys::set_tree_attrs(tree.as_fd(), attrs));
             match r {
                 Ok(()) => self.premade[i] = Some(tree),
-                // A filesystem without idmapping support: shown as it is.
+                // A filesystem without idmapping support: shown as it is (init clones it).
                 Err(Errno::EINVAL) | Err(Errno::EOPNOTSUPP) => {
                     tracing::debug!("{}: no idmapped mount here", src.to_string_lossy())
                 }
@@ -83,4 +94,81 @@ impl Plan {
         }
         Ok(())
     }
+
+    /// Send the prepared trees to init over `sock` (a `SOCK_SEQPACKET` socket): one message,
+    /// the source index of each tree as data, the trees as SCM_RIGHTS. Sent even when empty:
+    /// init waits for it whenever [`Plan::idmapped_later`].
+    pub fn send_idmapped(&mut self, sock: BorrowedFd<'_>) -> Result<(), String> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        let mut data = Vec::with_capacity(4 * MAX_IDMAPPED + 4);
+        let mut trees = Vec::new();
+        // A count first, so the message is never empty.
+        let sent: Vec<(usize, OwnedFd)> = self
+            .premade
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, t)| t.take().map(|t| (i, t)))
+            .collect();
+        data.extend_from_slice(&(sent.len() as u32).to_ne_bytes());
+        for (i, t) in &sent {
+            data.extend_from_slice(&(*i as u32).to_ne_bytes());
+            trees.push(t.as_raw_fd());
+        }
+        let iov = [std::io::IoSlice::new(&data)];
+        let cmsg = [ControlMessage::ScmRights(&trees)];
+        let cmsgs: &[ControlMessage] = if trees.is_empty() { &[] } else { &cmsg };
+        loop {
+            match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None) {
+                Ok(n) if n == data.len() => return Ok(()),
+                Ok(_) => return Err("sending the idmapped trees: short send".into()),
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(format!("sending the idmapped trees: {}", e.desc())),
+            }
+        }
+    }
+}
+
+/// In init: the trees [`Plan::send_idmapped`] sent, by source index. `None` on EOF (the
+/// supervisor gave up) or a malformed message.
+pub(crate) fn receive(sock: BorrowedFd<'_>, sources: usize) -> Option<Vec<(usize, OwnedFd)>> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut buf = [0u8; 4 * MAX_IDMAPPED + 4];
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; MAX_IDMAPPED]);
+    let (n, fds) = loop {
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(m) => {
+                let mut fds: Vec<OwnedFd> = Vec::new();
+                for c in m.cmsgs().ok()? {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        // SAFETY: SCM_RIGHTS just installed these descriptors in our table and
+                        // nothing else refers to them.
+                        fds.extend(raw.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
+                    }
+                }
+                break (m.bytes, fds);
+            }
+            Err(Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    };
+    let word = |i: usize| -> Option<usize> {
+        let b: [u8; 4] = buf.get(i * 4..i * 4 + 4)?.try_into().ok()?;
+        usize::try_from(u32::from_ne_bytes(b)).ok()
+    };
+    let count = word(0)?;
+    if n != 4 * (count + 1) || fds.len() != count {
+        return None;
+    }
+    let mut out = Vec::with_capacity(count);
+    for (k, fd) in fds.into_iter().enumerate() {
+        let i = word(k + 1).filter(|&i| i < sources)?;
+        out.push((i, fd));
+    }
+    Some(out)
 }

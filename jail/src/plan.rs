@@ -139,6 +139,9 @@ pub struct Plan {
     /// Whether each source wants an idmapped mount, and the trees the supervisor prepared.
     pub idmap: Vec<bool>,
     pub premade: Vec<Option<std::os::fd::OwnedFd>>,
+    /// The supervisor makes the idmapped trees (a root supervisor with idmapped binds) once
+    /// init exists and sends them to it ([`Plan::send_idmapped`], [`crate::world::receive_idmapped`]).
+    pub idmapped_later: bool,
     /// `/proc/<pid>/uid_map` and `gid_map` lines.
     pub uid_map: String,
     pub gid_map: String,
@@ -362,12 +365,15 @@ impl JailSpec {
             }
             None => CString::new("/").expect("no NUL"),
         };
+        let idmapped_later =
+            idmap.iter().any(|&b| b) && nix::unistd::geteuid().is_root() && self.host_uid != 0;
         Ok(Plan {
             uid_map: format!("{} {} 1\n", self.uid, self.host_uid),
             gid_map: format!("{} {} 1\n", self.gid, self.host_gid),
             spec: self,
             steps,
             premade: (0..sources.len()).map(|_| None).collect(),
+            idmapped_later,
             sources,
             source_dsts,
             idmap,

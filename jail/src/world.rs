@@ -73,9 +73,10 @@ pub fn join_net(plan: &Plan, target: i32) -> Result<(), StageError> {
 
 /// The steps that need no id mapping: every mount private, the bind sources cloned
 /// (`open_tree`, with the host user's identity, so its private directories can be traversed).
-/// Init runs them while the supervisor writes the id maps; [`build`] takes the trees.
-pub fn clone_sources(plan: &Plan) -> Result<Vec<OwnedFd>, StageError> {
-    let mut trees: Vec<OwnedFd> = Vec::with_capacity(plan.sources.len());
+/// Init runs them while the supervisor writes the id maps; [`build`] takes the trees. Those the
+/// supervisor idmaps ([`Plan::idmapped_later`]) are left for [`receive_idmapped`].
+pub fn clone_sources(plan: &Plan) -> Result<Vec<Option<OwnedFd>>, StageError> {
+    let mut trees: Vec<Option<OwnedFd>> = Vec::with_capacity(plan.sources.len());
     for (i, step) in plan.steps.iter().enumerate() {
         match step {
             Step::PrivateMounts => mount(
@@ -88,19 +89,11 @@ pub fn clone_sources(plan: &Plan) -> Result<Vec<OwnedFd>, StageError> {
             .map_err(at(i, 0))?,
             Step::CloneSources => {
                 for (j, (src, rw)) in plan.sources.iter().enumerate() {
-                    if let Some(Some(t)) = plan.premade.get(j) {
-                        trees.push(t.try_clone().map_err(|e| {
-                            at(i, j)(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
-                        })?);
+                    if plan.idmapped_later && plan.idmap.get(j).copied().unwrap_or(false) {
+                        trees.push(None);
                         continue;
                     }
-                    let tree = sys::clone_tree(src).map_err(at(i, j))?;
-                    let mut attrs = sys::MOUNT_ATTR_NOSUID;
-                    if !rw {
-                        attrs |= sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NODEV;
-                    }
-                    sys::set_tree_attrs(tree.as_fd(), attrs).map_err(at(i, j))?;
-                    trees.push(tree);
+                    trees.push(Some(clone_source(src, *rw).map_err(at(i, j))?));
                 }
             }
             _ => {}
@@ -109,10 +102,51 @@ pub fn clone_sources(plan: &Plan) -> Result<Vec<OwnedFd>, StageError> {
     Ok(trees)
 }
 
+fn clone_source(src: &CStr, rw: bool) -> Result<OwnedFd, Errno> {
+    let tree = sys::clone_tree(src)?;
+    let mut attrs = sys::MOUNT_ATTR_NOSUID;
+    if !rw {
+        attrs |= sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NODEV;
+    }
+    sys::set_tree_attrs(tree.as_fd(), attrs)?;
+    Ok(tree)
+}
+
+/// In init, after [`clone_sources`] when [`Plan::idmapped_later`]: the trees the supervisor
+/// idmapped, from `sock`; a source it could not idmap (a filesystem without support) is cloned
+/// here as it is. Still with the host user's identity.
+pub fn receive_idmapped(
+    plan: &Plan,
+    trees: &mut [Option<OwnedFd>],
+    sock: std::os::fd::BorrowedFd<'_>,
+) -> Result<(), StageError> {
+    if !plan.idmapped_later {
+        return Ok(());
+    }
+    let step = plan
+        .steps
+        .iter()
+        .position(|s| matches!(s, Step::CloneSources))
+        .unwrap_or(0);
+    let sent = crate::idmap::receive(sock, trees.len()).ok_or(at(step, 0)(Errno::EPROTO))?;
+    for (j, tree) in sent {
+        if let Some(slot) = trees.get_mut(j) {
+            *slot = Some(tree);
+        }
+    }
+    for (j, slot) in trees.iter_mut().enumerate() {
+        if slot.is_none() {
+            let (src, rw) = &plan.sources[j];
+            *slot = Some(clone_source(src, *rw).map_err(at(step, j))?);
+        }
+    }
+    Ok(())
+}
+
 /// Build the root from the cloned sources ([`clone_sources`]) and pivot into it (every other
 /// step but the network, made by [`private_net`], and the old root's removal, [`finish`]). On
 /// return the process's `/` is the jail and its working directory is `/`.
-pub fn build(plan: &Plan, trees: Vec<OwnedFd>) -> Result<(), StageError> {
+pub fn build(plan: &Plan, trees: Vec<Option<OwnedFd>>) -> Result<(), StageError> {
     // Every directory and file is made with the mode the plan gives it (init's own umask; the
     // target, forked earlier, keeps the user's).
     nix::sys::stat::umask(Mode::empty());
@@ -171,7 +205,10 @@ pub fn build(plan: &Plan, trees: Vec<OwnedFd>) -> Result<(), StageError> {
                 }
             }
             Step::Attach { index, path } => {
-                let tree = trees.get(*index).ok_or(err(Errno::EINVAL))?;
+                let tree = trees
+                    .get(*index)
+                    .and_then(Option::as_ref)
+                    .ok_or(err(Errno::EINVAL))?;
                 sys::attach_tree(tree.as_fd(), path).map_err(&err)?
             }
             Step::Tmpfs { path, data, flags } => mount(

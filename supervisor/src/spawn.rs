@@ -846,8 +846,6 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
     let grace = spec.grace;
     let mut plan = spec.prepare().map_err(anyhow::Error::from)?;
     jail::mark("plan");
-    plan.prepare_idmapped().map_err(|e| anyhow!("{e}"))?;
-    jail::mark("idmapped");
     plan.guard = match p.guard.take() {
         Some(g) => Some(g),
         None => Some(jail::guard::Guard::new().context("building the jail's seccomp guard")?),
@@ -866,6 +864,14 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
     .context("socketpair")?;
     setsockopt(&status_rx, sockopt::PassCred, &true).context("SO_PASSCRED")?;
     let (maps_rx, maps_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
+    // The idmapped trees, made while init clones the other sources (see jail's idmap.rs).
+    let (ids_rx, ids_tx) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .context("socketpair")?;
     let (go_rx, go_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
     let (exec_rx, exec_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
     // init's word that the proc is over (see jail::init). Not with a cgroup: removing it must
@@ -884,6 +890,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         // init: pid 1 of the proc's pid namespace.
         drop(status_rx);
         drop(maps_tx);
+        drop(ids_tx);
         drop(go_tx);
         drop(exec_rx);
         drop(ended_rx);
@@ -908,6 +915,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
             Ok(0) => {
                 drop(net_rx);
                 drop(world_tx);
+                drop(ids_rx);
                 let init = WithInit {
                     net_tx,
                     world_rx,
@@ -924,7 +932,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         drop(net_tx);
         drop(world_rx);
         // What needs no id mapping is done while the supervisor writes the maps.
-        let trees = match jail::world::clone_sources(&plan) {
+        let mut trees = match jail::world::clone_sources(&plan) {
             Ok(t) => t,
             Err(e) => fail(e),
         };
@@ -937,6 +945,10 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         let _ = nix::sys::prctl::set_dumpable(false);
         drop(maps_rx);
         jail::mark("init-maps");
+        if let Err(e) = jail::world::receive_idmapped(&plan, &mut trees, ids_rx.as_fd()) {
+            fail(e)
+        }
+        drop(ids_rx);
         if let Err(e) = jail::world::build(&plan, trees) {
             fail(e)
         }
@@ -984,6 +996,17 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
     // One byte for init, one for the target (each reads one).
     let _ = nix::unistd::write(&maps_tx, b"gg");
     drop(maps_tx);
+    drop(ids_rx);
+    if plan.idmapped_later {
+        if let Err(e) = plan
+            .prepare_idmapped()
+            .and_then(|()| plan.send_idmapped(ids_tx.as_fd()))
+        {
+            return Err(setup_failed(e));
+        }
+        jail::mark("idmapped");
+    }
+    drop(ids_tx);
     let (listener, go_tx) = match jrecv(&status_rx) {
         // Already on its way to execve: nothing left to release.
         Some(([J_LISTENER_PASSED, ..], Some(_), Some(listener))) if p.pass_listener => {
