@@ -16,16 +16,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 /// process makes it).
 fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, String> {
     let (r, w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
-    // SAFETY: the supervisor is single-threaded here (before the jail is cloned); the child only
-    // blocks on a pipe read and exits.
-    let pid = unsafe { sys::clone_fork(libc::CLONE_NEWUSER) }
+    let pid = sys::clone_waiter(libc::CLONE_NEWUSER, r.as_fd(), w.as_fd())
         .map_err(|e| format!("creating the id-mapping user namespace: {}", e.desc()))?;
-    if pid == 0 {
-        drop(w);
-        let mut b = [0u8; 1];
-        let _ = nix::unistd::read(&r, &mut b);
-        sys::exit_now(0)
-    }
     drop(r);
     let res = (|| {
         let base = format!("/proc/{pid}");

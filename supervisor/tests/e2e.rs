@@ -90,6 +90,40 @@ fn script_imports_module_from_its_directory() {
     assert_eq!(stdout(&o), "from helper\n");
 }
 
+/// A root supervisor runs the proc as an unprivileged host id, and its working directory is
+/// an idmapped bind (made by the supervisor while init clones the other sources): root's files
+/// there show as the proc's own, and the proc's new files are root's on disk.
+#[test]
+fn a_root_supervisors_working_directory_shows_roots_files_as_the_procs_own() {
+    use std::os::unix::fs::MetadataExt as _;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: idmapped binds are made by a root supervisor only");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rootfile"), "root's\n").unwrap();
+    let o = run(sup()
+        .args([
+            "sh",
+            "-c",
+            "stat -c '%u %g' rootfile; id -u; id -g; echo new > made; cat rootfile",
+        ])
+        .current_dir(dir.path()));
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(lines[0], format!("{} {}", lines[1], lines[2]));
+    assert_ne!(lines[1], "0", "the proc runs as an unprivileged id");
+    assert_eq!(lines[3], "root's");
+    let made = std::fs::metadata(dir.path().join("made")).unwrap();
+    assert_eq!((made.uid(), made.gid()), (0, 0));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("made")).unwrap(),
+        "new\n"
+    );
+}
+
 #[test]
 fn threads() {
     let o = py(r#"
