@@ -12,6 +12,7 @@ IPC, UTS namespaces, pivot_root, curated /etc, Landlock, seccomp).
     python3 scripts/bench-jail.py -n 40                        # /bin/true, python3 -c pass, import json
     python3 scripts/bench-jail.py -n 40 --only true
     python3 scripts/bench-jail.py -n 100 --only true --baseline OLD   # OLD: an earlier build
+    python3 scripts/bench-jail.py -n 100 --only true --baseline old=OLD --baseline mid=MID
 
 Needs bwrap (Debian's bubblewrap). The supervisor defaults to the release build scripts/build
 made last.
@@ -56,8 +57,9 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=30, help="rounds (default 30)")
     ap.add_argument("--supervisor", default=default_supervisor())
     ap.add_argument("--only", choices=["true", "pass", "json"], action="append")
-    ap.add_argument("--baseline", metavar="BIN",
-                    help="another build of sigma-supervise, run jailed alongside in every round")
+    ap.add_argument("--baseline", metavar="[NAME=]BIN", action="append", default=[],
+                    help="another build of sigma-supervise, run jailed alongside in every round "
+                         "(repeatable; NAME labels it)")
     args = ap.parse_args()
     if not shutil.which("bwrap"):
         sys.exit("bench-jail: bwrap not found (apt-get install bubblewrap)")
@@ -80,8 +82,12 @@ def main() -> None:
             "sigma-supervise --no-jail": [sup, "--no-jail"] + cmd,
             "sigma-supervise (jailed)": [sup] + cmd,
         }
-        if args.baseline:
-            variants["baseline (jailed)"] = [args.baseline] + cmd
+        bases = []
+        for b in args.baseline:
+            name, _, path = b.rpartition("=") if "=" in b and not b.startswith("/") else ("", "", b)
+            label = f"{name or 'baseline'} (jailed)"
+            bases.append(label)
+            variants[label] = [path] + cmd
         times = {k: [] for k in variants}
         for k, c in variants.items():  # warm-up
             timed(c)
@@ -97,9 +103,10 @@ def main() -> None:
         bwrap_over = med["bwrap"] - med["bare"]
         floor_over = med["unshare -Urmpf"] - med["bare"]
         print(f"jailed overhead - namespace floor (unshare -Urmpf) = {jail_over - floor_over:.2f} ms")
-        if args.baseline:
-            base_over = med["baseline (jailed)"] - med["bare"]
-            print(f"jailed overhead / baseline's = {jail_over / base_over:.2f}")
+        for label in bases:
+            base_over = med[label] - med["bare"]
+            print(f"jailed overhead / {label.removesuffix(' (jailed)')}'s = {jail_over / base_over:.2f}"
+                  f" (over the floor: {base_over - floor_over:.2f} ms)")
         if bwrap_over > 0:
             print(f"jailed overhead / bwrap overhead = {jail_over / bwrap_over:.2f}")
             # The kernel's own price for these namespaces, before any view is built.
