@@ -567,3 +567,56 @@ fn a_bound_socket_serves_at_most_max_connections() {
     c.stat("name/ux/~local").unwrap();
     listener.shutdown();
 }
+
+/// What the scratch directory already holds counts against the quota: counted when a request
+/// first needs it (not when the server is made), including what was put there before.
+#[test]
+fn files_already_in_the_scratch_count_against_the_quota() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir_all(scratch.join("old")).unwrap();
+    std::fs::write(scratch.join("old/a"), vec![1u8; 3 << 20]).unwrap();
+    let objects = dir.path().join("objects");
+    std::fs::create_dir_all(objects.join("bkt")).unwrap();
+    let store = Arc::new(LocalDirStore::new(&objects));
+    let cfg = ServerConfig::new("hostile", &scratch, store).with_limits(ServerLimits {
+        scratch_quota: 4 << 20,
+        ..ServerLimits::default()
+    });
+    let server = Server::new(cfg).unwrap();
+    // Written after the server was made, before any request: counted too.
+    std::fs::write(scratch.join("b"), vec![2u8; 512 << 10]).unwrap();
+    let r = Realm {
+        dir,
+        scratch,
+        objects,
+        server,
+    };
+    let cl = connect(&r);
+    let half = vec![7u8; 1 << 20];
+    assert_eq!(
+        code(
+            cl.put_file("name/ux/~local/c", 0o644, OWRITE, &half, 0, NO_LEASE_ID)
+                .unwrap_err()
+        ),
+        ECODE_ERROR
+    );
+    // Nothing of it written (the refused put leaves at most an empty file, as σOS's does).
+    assert_eq!(
+        std::fs::metadata(r.scratch.join("c")).map_or(0, |m| m.len()),
+        0
+    );
+    assert_eq!(r.server.scratch_usage(), ((3 << 20) + (512 << 10), 4 << 20));
+    cl.put_file(
+        "name/ux/~local/c",
+        0o644,
+        OWRITE,
+        &half[..256 << 10],
+        0,
+        NO_LEASE_ID,
+    )
+    .unwrap();
+    assert_eq!(r.server.scratch_usage().0, (3 << 20) + (768 << 10));
+    assert_serves(&r);
+}

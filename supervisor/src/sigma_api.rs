@@ -187,9 +187,10 @@ pub struct SigmaOpts {
     #[arg(long)]
     pub require_started: bool,
 
-    /// Embedded server: bytes the realm's scratch (name/ux/~local) may hold, counted from its
-    /// size at start, and the largest object a proc may write (K/M/G/T suffixes); a write
-    /// beyond it fails with σOS's "no space left on device" error.
+    /// Embedded server: bytes the realm's scratch (name/ux/~local) may hold, what it already
+    /// holds included (counted by the first call that writes or removes there), and the
+    /// largest object a proc may write (K/M/G/T suffixes); a write beyond it fails with σOS's
+    /// "no space left on device" error.
     #[arg(long, value_name = "BYTES", default_value = "1G", value_parser = parse_bytes)]
     pub scratch_quota: u64,
 

@@ -27,7 +27,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 
 use nix::fcntl::OFlag;
@@ -130,22 +130,42 @@ impl ServerConfig {
 /// The realm's byte budget for the scratch directory.
 pub struct Quota {
     limit: u64,
-    used: AtomicU64,
+    /// Bytes held: counted by walking the directory (as long as the directory is large) when a
+    /// request first needs the count, not at every start of a server.
+    used: OnceLock<AtomicU64>,
+    /// The directory to count (`None`: the count was given).
+    dir: Option<PathBuf>,
 }
 
 impl Quota {
+    /// A quota of which `used` bytes are taken.
     pub fn new(limit: u64, used: u64) -> Quota {
         Quota {
             limit,
-            used: AtomicU64::new(used),
+            used: OnceLock::from(AtomicU64::new(used)),
+            dir: None,
         }
+    }
+
+    /// A quota over what `dir` holds, counted when first needed.
+    pub fn of_dir(limit: u64, dir: PathBuf) -> Quota {
+        Quota {
+            limit,
+            used: OnceLock::new(),
+            dir: Some(dir),
+        }
+    }
+
+    fn counter(&self) -> &AtomicU64 {
+        self.used
+            .get_or_init(|| AtomicU64::new(self.dir.as_deref().map_or(0, ux::usage)))
     }
 
     /// Takes `n` bytes; `false` (nothing taken) if they do not fit.
     pub fn reserve(&self, n: u64) -> bool {
         n == 0
             || self
-                .used
+                .counter()
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
                     u.checked_add(n).filter(|&t| t <= self.limit)
                 })
@@ -154,14 +174,14 @@ impl Quota {
 
     pub fn release(&self, n: u64) {
         let _ = self
-            .used
+            .counter()
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
                 Some(u.saturating_sub(n))
             });
     }
 
     pub fn used(&self) -> u64 {
-        self.used.load(Ordering::SeqCst)
+        self.counter().load(Ordering::SeqCst)
     }
 
     pub fn limit(&self) -> u64 {
@@ -192,7 +212,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Server {
-    /// Opens (creating if needed) the scratch directory and counts what it holds.
+    /// Opens (creating if needed) the scratch directory; what it holds is counted when a
+    /// request first needs it.
     pub fn new(cfg: ServerConfig) -> Result<Server, ServerError> {
         let err = |source| ServerError::ScratchDir {
             realm: cfg.realm.clone(),
@@ -206,8 +227,7 @@ impl Server {
             Mode::empty(),
         )
         .map_err(|e| err(e.into()))?;
-        let used = ux::usage(&cfg.scratch_dir);
-        let quota = Quota::new(cfg.limits.scratch_quota, used);
+        let quota = Quota::of_dir(cfg.limits.scratch_quota, cfg.scratch_dir.clone());
         Ok(Server {
             inner: Arc::new(Inner {
                 cfg,
