@@ -112,7 +112,7 @@ pub struct StageError {
     pub errno: i32,
 }
 
-/// Stages after the root is built, reported with `step` = `SHED_BASE + n`.
+/// The stages of shedding privilege (shed.rs), reported with `step` = `SHED_BASE + n`.
 pub const SHED_BASE: u32 = 0x1000;
 pub const SHED_STAGES: &[&str] = &[
     "setting resource limits",

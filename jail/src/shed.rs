@@ -1,8 +1,8 @@
-//! Shedding privilege in the target, after the root is built and before the seccomp filter: in
-//! this order, each step fatal if it fails:
-//! rlimits → securebits (no root magic, locked) → bounding set emptied → ambient cleared →
-//! permitted/effective/inheritable cleared → no_new_privs → Landlock (second, independent layer)
-//! → the jail's seccomp guard ([`crate::guard`]); the profile's filter comes after, in the caller.
+//! Shedding privilege in the target, before the seccomp filter: in this order, each step fatal
+//! if it fails: rlimits → securebits (no root magic, locked) → bounding set emptied → ambient
+//! cleared → permitted/effective/inheritable cleared → no_new_privs → the jail's seccomp guard
+//! ([`crate::guard`]) (all while init builds the root), then in the built root Landlock (second,
+//! independent layer) → the working directory; the profile's filter comes after, in the caller.
 use crate::plan::{Plan, StageError, SHED_BASE};
 use crate::sys;
 use landlock::{
@@ -45,7 +45,8 @@ pub fn shed(plan: &Plan) -> Result<LandlockOutcome, StageError> {
 }
 
 /// The steps of [`shed`] that need no root: rlimits, securebits, every capability set,
-/// no_new_privs. The target takes them while init is still building the root.
+/// no_new_privs, the jail's seccomp guard. The target takes them while init is still
+/// building the root.
 pub fn drop_privileges(plan: &Plan) -> Result<(), StageError> {
     if let Some(n) = plan.spec.limits.pids {
         let lim = n as libc::rlim_t;
@@ -79,11 +80,15 @@ pub fn drop_privileges(plan: &Plan) -> Result<(), StageError> {
     .map_err(stage(3))?;
     sys::clear_capabilities().map_err(stage(4))?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0).map_err(stage(5))?;
+    // The guard refuses nothing the rest of the start needs (Landlock's calls, chdir, seccomp).
+    if let Some(g) = &plan.guard {
+        g.load().map_err(stage(9))?;
+    }
     Ok(())
 }
 
-/// The rest of [`shed`], in the finished root: Landlock on its paths, the working directory,
-/// the jail's seccomp guard. Returns what Landlock did.
+/// The rest of [`shed`], in the finished root: Landlock on its paths, the working directory.
+/// Returns what Landlock did.
 pub fn confine(plan: &Plan) -> Result<LandlockOutcome, StageError> {
     let landlock = if plan.spec.landlock {
         landlock(plan).map_err(|_| stage(6)(Errno::EPERM))?
@@ -91,9 +96,6 @@ pub fn confine(plan: &Plan) -> Result<LandlockOutcome, StageError> {
         LandlockOutcome::Off
     };
     nix::unistd::chdir(plan.workdir.as_c_str()).map_err(stage(7))?;
-    if let Some(g) = &plan.guard {
-        g.load().map_err(stage(9))?;
-    }
     Ok(landlock)
 }
 
