@@ -1111,6 +1111,9 @@ impl RealmCache {
                 link_tree(&pkg2, &root, &tree)?;
             }
             move_into_lib(&pkg2, &tree, &lib, &pending)?;
+            // Gone before the marker: a run killed after it leaves nothing in staging for a
+            // later run to sweep (a complete realm is mounted without opening its cache).
+            remove_any(&stage2)?;
             mark_installed(&pkg2, &marker, &pending)
         })
         .await
@@ -1138,6 +1141,8 @@ impl RealmCache {
         self.counters
             .packages_fetched
             .fetch_add(1, Ordering::Relaxed);
+        // Gone before the marker, as in install_staged.
+        remove_any(stage)?;
         mark_installed(
             pkg,
             &self.marker_path(&pkg.name),
