@@ -22,6 +22,10 @@ impl LocalServer {
     pub(crate) fn start(socket: &str, scratch: &str, s3: &str) -> Result<Self, ServerError> {
         let store = std::sync::Arc::new(LocalDirStore::new(s3));
         let server = Server::new(ServerConfig::new("pysigma-local", scratch, store))?;
+        // A scratch directory given explicitly must be usable from the start.
+        if let Some(e) = server.scratch_error() {
+            return Err(e);
+        }
         let listener = server.bind(Path::new(socket))?;
         Ok(LocalServer {
             server,

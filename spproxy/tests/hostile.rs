@@ -621,3 +621,36 @@ fn files_already_in_the_scratch_count_against_the_quota() {
     assert_eq!(r.server.scratch_usage().0, (3 << 20) + (768 << 10));
     assert_serves(&r);
 }
+
+/// A scratch directory that cannot be made (here: below a regular file) does not keep the
+/// server from starting: the calls on name/ux fail with a σOS error, the others are served.
+#[test]
+fn an_unusable_scratch_directory_fails_only_the_calls_that_need_it() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("file"), b"").unwrap();
+    let scratch = dir.path().join("file/scratch");
+    let objects = dir.path().join("objects");
+    std::fs::create_dir_all(objects.join("bkt")).unwrap();
+    std::fs::write(objects.join("bkt/obj"), b"object").unwrap();
+    let store = Arc::new(LocalDirStore::new(&objects));
+    let server = Server::new(ServerConfig::new("hostile", &scratch, store)).unwrap();
+    let why = server.scratch_error().expect("the scratch is unusable");
+    assert!(format!("{why}").contains("file/scratch"), "{why}");
+    let (c, s) = UnixStream::pair().unwrap();
+    server.serve_stream(s);
+    let cl = Client::from_stream(c, None).unwrap();
+    cl.started().unwrap();
+    assert_eq!(cl.get_file("name/s3/~local/bkt/obj").unwrap(), b"object");
+    let e = cl
+        .put_file("name/ux/~local/x", 0o644, OWRITE, b"x", 0, NO_LEASE_ID)
+        .unwrap_err();
+    assert!(
+        e.code().is_some(),
+        "a σOS error, not a dropped connection: {e}"
+    );
+    code(cl.get_file("name/ux/~local/x").unwrap_err());
+    // Still served after the refusals.
+    assert_eq!(cl.get_file("name/s3/~local/bkt/obj").unwrap(), b"object");
+    assert!(!dir.path().join("file/scratch").exists());
+}

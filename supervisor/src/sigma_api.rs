@@ -266,6 +266,9 @@ impl SigmaApi {
                         .with_limits(embedded.limits.clone()),
                 )
                 .context("embedded realm server")?;
+                if let Some(e) = srv.scratch_error() {
+                    tracing::info!("{e}: the σOS calls on name/ux/~local will fail");
+                }
                 let _ = EVICT.set(srv.clone());
                 let (ours, theirs) =
                     UnixStream::pair().context("socketpair for the embedded server")?;

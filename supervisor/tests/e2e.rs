@@ -124,6 +124,19 @@ fn a_root_supervisors_working_directory_shows_roots_files_as_the_procs_own() {
     );
 }
 
+/// A user whose cache root cannot be made (no writable home: `nobody`'s is /nonexistent)
+/// still runs programs: only the σOS scratch calls would fail.
+#[test]
+fn a_cache_root_that_cannot_be_made_does_not_keep_a_program_from_running() {
+    let o = run(sup()
+        .env("HOME", "/dev/null")
+        .env_remove("XDG_CACHE_HOME")
+        .args(["python3", "-c", "print('ran')"]));
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stdout(&o), "ran\n");
+    assert!(!std::path::Path::new("/dev/null/.cache").exists());
+}
+
 #[test]
 fn threads() {
     let o = py(r#"

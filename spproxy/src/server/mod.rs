@@ -191,7 +191,9 @@ impl Quota {
 
 struct Inner {
     cfg: ServerConfig,
-    root: OwnedFd,
+    /// The scratch directory, or why it could not be made or opened: then the calls on
+    /// `name/ux` fail with that error, and a proc that never makes one runs as any other.
+    root: Result<OwnedFd, nix::errno::Errno>,
     quota: Quota,
     procs: procstate::Registry,
     waiters: waiters::Waiters,
@@ -213,20 +215,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Server {
     /// Opens (creating if needed) the scratch directory; what it holds is counted when a
-    /// request first needs it.
+    /// request first needs it. A scratch directory that cannot be made or opened is not an
+    /// error here: [`Server::scratch_error`] says why, and the calls that need it fail.
     pub fn new(cfg: ServerConfig) -> Result<Server, ServerError> {
-        let err = |source| ServerError::ScratchDir {
-            realm: cfg.realm.clone(),
-            path: cfg.scratch_dir.clone(),
-            source,
-        };
-        std::fs::create_dir_all(&cfg.scratch_dir).map_err(err)?;
-        let root = nix::fcntl::open(
-            &cfg.scratch_dir,
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| err(e.into()))?;
+        let root = std::fs::create_dir_all(&cfg.scratch_dir)
+            .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+            .and_then(|()| {
+                nix::fcntl::open(
+                    &cfg.scratch_dir,
+                    OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+            });
         let quota = Quota::of_dir(cfg.limits.scratch_quota, cfg.scratch_dir.clone());
         Ok(Server {
             inner: Arc::new(Inner {
@@ -239,6 +239,16 @@ impl Server {
                 evict_waiting: AtomicUsize::new(0),
                 connections: AtomicUsize::new(0),
             }),
+        })
+    }
+
+    /// Why the scratch directory is unavailable (its calls fail with this), if it is.
+    pub fn scratch_error(&self) -> Option<ServerError> {
+        let e = *self.inner.root.as_ref().err()?;
+        Some(ServerError::ScratchDir {
+            realm: self.inner.cfg.realm.clone(),
+            path: self.inner.cfg.scratch_dir.clone(),
+            source: io::Error::from_raw_os_error(e as i32),
         })
     }
 

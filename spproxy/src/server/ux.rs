@@ -106,7 +106,8 @@ pub fn check_mode(mode: u32, path: &str) -> Result<(), Rerror> {
 
 impl Inner {
     pub fn open_beneath(&self, rel: &str, flags: OFlag, mode: Mode) -> Result<OwnedFd, Errno> {
-        crate::store::open_beneath(&self.root, rel, flags, mode)
+        let root = self.root.as_ref().map_err(|e| *e)?;
+        crate::store::open_beneath(root, rel, flags, mode)
     }
 
     /// The parent directory (opened beneath the root) and final name of `rel`.
