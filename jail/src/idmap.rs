@@ -42,12 +42,14 @@ fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, String> {
 pub const MAX_IDMAPPED: usize = 64;
 
 impl Plan {
-    /// Prepare the idmapped binds (a root supervisor only, [`Plan::idmapped_later`]; nothing to
-    /// do otherwise). The supervisor calls it once init exists, while init clones the other
-    /// sources, then [`Plan::send_idmapped`].
-    pub fn prepare_idmapped(&mut self) -> Result<(), String> {
+    /// The idmapped binds' trees, by source index (a root supervisor only,
+    /// [`Plan::idmapped_later`]; none otherwise). The supervisor makes them once init exists,
+    /// while init clones the other sources, then sends them ([`crate::send_idmapped`]). A
+    /// source on a filesystem without idmapping support has none: init clones it as it is.
+    pub fn prepare_idmapped(&self) -> Result<Vec<(usize, OwnedFd)>, String> {
+        let mut trees = Vec::new();
         if !self.idmapped_later {
-            return Ok(());
+            return Ok(trees);
         }
         let want: Vec<usize> = (0..self.sources.len())
             .filter(|i| self.idmap.get(*i).copied().unwrap_or(false))
@@ -70,7 +72,7 @@ impl Plan {
             let r: Result<(), Errno> = sys::idmap_tree(tree.as_fd(), userns.as_fd())
                 .and_then(|()| sys::set_tree_attrs(tree.as_fd(), attrs));
             match r {
-                Ok(()) => self.premade[i] = Some(tree),
+                Ok(()) => trees.push((i, tree)),
                 // A filesystem without idmapping support: shown as it is (init clones it).
                 Err(Errno::EINVAL) | Err(Errno::EOPNOTSUPP) => {
                     tracing::debug!("{}: no idmapped mount here", src.to_string_lossy())
@@ -84,43 +86,36 @@ impl Plan {
                 }
             }
         }
-        Ok(())
+        Ok(trees)
     }
+}
 
-    /// Send the prepared trees to init over `sock` (a `SOCK_SEQPACKET` socket): one message,
-    /// the source index of each tree as data, the trees as SCM_RIGHTS. Sent even when empty:
-    /// init waits for it whenever [`Plan::idmapped_later`].
-    pub fn send_idmapped(&mut self, sock: BorrowedFd<'_>) -> Result<(), String> {
-        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-        let mut data = Vec::with_capacity(4 * MAX_IDMAPPED + 4);
-        let mut trees = Vec::new();
-        // A count first, so the message is never empty.
-        let sent: Vec<(usize, OwnedFd)> = self
-            .premade
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, t)| t.take().map(|t| (i, t)))
-            .collect();
-        data.extend_from_slice(&(sent.len() as u32).to_ne_bytes());
-        for (i, t) in &sent {
-            data.extend_from_slice(&(*i as u32).to_ne_bytes());
-            trees.push(t.as_raw_fd());
-        }
-        let iov = [std::io::IoSlice::new(&data)];
-        let cmsg = [ControlMessage::ScmRights(&trees)];
-        let cmsgs: &[ControlMessage] = if trees.is_empty() { &[] } else { &cmsg };
-        loop {
-            match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None) {
-                Ok(n) if n == data.len() => return Ok(()),
-                Ok(_) => return Err("sending the idmapped trees: short send".into()),
-                Err(Errno::EINTR) => continue,
-                Err(e) => return Err(format!("sending the idmapped trees: {}", e.desc())),
-            }
+/// Send the trees [`Plan::prepare_idmapped`] made to init over `sock` (a `SOCK_SEQPACKET`
+/// socket): one message, the source index of each tree as data, the trees as SCM_RIGHTS.
+/// Sent even when empty: init waits for it whenever [`Plan::idmapped_later`].
+pub fn send_idmapped(trees: &[(usize, OwnedFd)], sock: BorrowedFd<'_>) -> Result<(), String> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    // A count first, so the message is never empty.
+    let mut data = Vec::with_capacity(4 * (trees.len() + 1));
+    data.extend_from_slice(&(trees.len() as u32).to_ne_bytes());
+    for (i, _) in trees {
+        data.extend_from_slice(&(*i as u32).to_ne_bytes());
+    }
+    let fds: Vec<_> = trees.iter().map(|(_, t)| t.as_raw_fd()).collect();
+    let iov = [std::io::IoSlice::new(&data)];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    loop {
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None) {
+            Ok(n) if n == data.len() => return Ok(()),
+            Ok(_) => return Err("sending the idmapped trees: short send".into()),
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(format!("sending the idmapped trees: {}", e.desc())),
         }
     }
 }
 
-/// In init: the trees [`Plan::send_idmapped`] sent, by source index. `None` on EOF (the
+/// In init: the trees [`send_idmapped`] sent, by source index. `None` on EOF (the
 /// supervisor gave up) or a malformed message.
 pub(crate) fn receive(sock: BorrowedFd<'_>, sources: usize) -> Option<Vec<(usize, OwnedFd)>> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};

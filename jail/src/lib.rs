@@ -43,6 +43,7 @@ mod sys;
 pub mod view;
 pub mod world;
 
+pub use idmap::send_idmapped;
 pub use plan::{Plan, StageError, Step};
 pub use view::{CwdMode, ViewOptions};
 

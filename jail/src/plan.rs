@@ -136,11 +136,11 @@ pub struct Plan {
     pub sources: Vec<(CString, bool)>,
     /// Bind destinations inside the jail (for error messages and Landlock).
     pub source_dsts: Vec<PathBuf>,
-    /// Whether each source wants an idmapped mount, and the trees the supervisor prepared.
+    /// Whether each source wants an idmapped mount.
     pub idmap: Vec<bool>,
-    pub premade: Vec<Option<std::os::fd::OwnedFd>>,
     /// The supervisor makes the idmapped trees (a root supervisor with idmapped binds) once
-    /// init exists and sends them to it ([`Plan::send_idmapped`], [`crate::world::receive_idmapped`]).
+    /// init exists and sends them to it ([`Plan::prepare_idmapped`],
+    /// [`crate::send_idmapped`], [`crate::world::receive_idmapped`]).
     pub idmapped_later: bool,
     /// `/proc/<pid>/uid_map` and `gid_map` lines.
     pub uid_map: String,
@@ -372,7 +372,6 @@ impl JailSpec {
             gid_map: format!("{} {} 1\n", self.gid, self.host_gid),
             spec: self,
             steps,
-            premade: (0..sources.len()).map(|_| None).collect(),
             idmapped_later,
             sources,
             source_dsts,

@@ -1000,7 +1000,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
     if plan.idmapped_later {
         if let Err(e) = plan
             .prepare_idmapped()
-            .and_then(|()| plan.send_idmapped(ids_tx.as_fd()))
+            .and_then(|trees| jail::send_idmapped(&trees, ids_tx.as_fd()))
         {
             return Err(setup_failed(e));
         }
