@@ -84,7 +84,7 @@ def main() -> None:
         }
         bases = []
         for b in args.baseline:
-            name, _, path = b.rpartition("=") if "=" in b and not b.startswith("/") else ("", "", b)
+            name, _, path = b.partition("=") if "=" in b and not b.startswith("/") else ("", "", b)
             label = f"{name or 'baseline'} (jailed)"
             bases.append(label)
             variants[label] = [path] + cmd
