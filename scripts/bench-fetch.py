@@ -11,11 +11,12 @@
   new realm  a realm never seen before on a warm cache root (content in the CAS; goal <= 1.2x bare)
   warm       a warm realm: every package installed, lib dir mounted (goal <= 1.05x bare)
   partial    numpy installed, the realm's bucket also lists six, never imported: the lib dir is
-             served through notifications (goal <= 1.10x bare). Run with --no-prefetch: a
+             served through notifications (--lazy=never). Run with --no-prefetch: a
              normal run completes a realm this close to complete (six is a few KB), after
              which it is a warm realm
-  partial lazy  the same realm served by the lazy backend (--lazy: ext4 image of placeholders,
-             files filled on first touch in an earlier run; steady state)
+  partial lazy  the same realm served by the lazy backend (ext4 image of placeholders, files
+             filled on first touch in an earlier run; steady state): a root supervisor's
+             default from a realm's second run, forced here with --lazy (goal <= 1.10x bare)
   A cold run's download goes on in a fill process after the run has exited: each side's
   time is the run's, its CPU includes the fill processes', and the script waits for them
   before the next side and reports when the install ended too.
@@ -286,7 +287,9 @@ def main() -> None:
             # A partial realm stays partial only if no run completes it (--no-prefetch).
             if binary != sup:
                 bucket += "-base"
-            return [binary, *(["--lazy"] if lazy else []),
+            # The partial side is the notification path (a root supervisor's default for an
+            # incomplete realm is the lazy backend).
+            return [binary, *(["--lazy"] if lazy else ["--lazy=never"] if partial else []),
                     *(["--no-prefetch"] if partial else []), "--realm", realm, "--bucket",
                     bucket, "--cache-dir", str(cache), py, "-c", code]
 
@@ -408,7 +411,7 @@ def main() -> None:
                 print(f"  {'':17} until its install ended: median "
                       f"{statistics.median(installed[name]) * 1e3:.1f} ms")
         goals = [("cold", "uv cold", 0.5), ("cold", "uv warm", None), ("cold", "pip", None),
-                 ("new realm", "bare", 1.2), ("warm", "bare", 1.05), ("partial", "bare", 1.10),
+                 ("new realm", "bare", 1.2), ("warm", "bare", 1.05), ("partial", "bare", None),
                  ("partial lazy", "bare", 1.10), ("cold", "cold base", None),
                  ("new realm", "new realm base", None), ("new realm base", "bare", None),
                  ("warm base", "bare", None), ("partial lazy base", "bare", None),

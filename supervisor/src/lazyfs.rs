@@ -87,6 +87,9 @@ pub struct LazyImage {
     /// Inode number → placeholder, or where that map is kept (read by the fill server's
     /// thread, off the target's start).
     files: Files,
+    /// The pre-content group with its mark on the image's filesystem, and the mount's root
+    /// ([`mark`](Self::mark)).
+    group: (Fanotify, std::fs::File),
 }
 
 enum Files {
@@ -183,7 +186,10 @@ impl LazyImage {
                     .args(["-q", "-F", "-O", "^has_journal", "-m", "0", "-N"])
                     .arg((files * 2 + 256).to_string())
                     .arg(&img),
-            )?;
+            )
+            .inspect_err(|_| {
+                let _ = std::fs::remove_file(&img);
+            })?;
         }
         if !is_mounted(&mnt)? {
             std::fs::create_dir_all(&mnt).map_err(io("create dir", &mnt))?;
@@ -212,11 +218,76 @@ impl LazyImage {
         if !complete {
             let _ = std::fs::remove_file(&filled_log);
         }
+        let group = match mark(&mnt) {
+            Ok(g) => g,
+            Err(e) => {
+                // No pre-content events here (an older kernel): nobody may see the placeholders.
+                let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
+                return Err(e);
+            }
+        };
         Ok(LazyImage {
             mnt,
             filled_log,
             files,
+            group,
         })
+    }
+}
+
+/// A pre-content group with a filesystem mark on `mnt`'s filesystem, and `mnt` opened: made
+/// before the image is shown to anyone, so a kernel without pre-content events (before 6.14)
+/// or a filesystem that refuses them is found while the realm can still be served otherwise.
+fn mark(mnt: &Path) -> Result<(Fanotify, std::fs::File), LazyError> {
+    // Read-only event fds: the reader's path may be a read-only bind. Fills write through
+    // the host mount; the events those writes raise come from this process and are allowed.
+    let fan = Fanotify::init(
+        InitFlags::FAN_CLASS_PRE_CONTENT | InitFlags::FAN_CLOEXEC,
+        EventFFlags::O_RDONLY | EventFFlags::O_LARGEFILE,
+    )
+    .map_err(|source| LazyError::Fanotify { op: "init", source })?;
+    let root = std::fs::File::open(mnt).map_err(io("open", mnt))?;
+    fan.mark(
+        MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
+        mask(),
+        &root,
+        None::<&Path>,
+    )
+    .map_err(|source| LazyError::Fanotify { op: "mark", source })?;
+    Ok((fan, root))
+}
+
+/// Retire the images of a realm that is now completely installed (and so mounted from its lib
+/// dir): each is detached, so nobody new sees it (a run still filling one keeps it through its
+/// own descriptors), then `realm_dir/lazy` is removed, under the preparers' lock. Where a
+/// detach fails nothing is removed (the image may still be mounted there).
+pub fn retire(realm_dir: &Path) {
+    let base = realm_dir.join("lazy");
+    // The common case: no image was ever made for this realm.
+    let Ok(entries) = std::fs::read_dir(&base) else {
+        return;
+    };
+    let Ok(lock_file) = std::fs::File::open(base.join("lock")) else {
+        return;
+    };
+    let Ok(_lock) = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        match nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH) {
+            // EINVAL: not a mount point.
+            Ok(()) | Err(nix::errno::Errno::EINVAL) => {}
+            Err(err) => {
+                tracing::debug!(image = %e.path().display(), "image not retired: {err}");
+                return;
+            }
+        }
+    }
+    if let Err(err) = std::fs::remove_dir_all(&base) {
+        tracing::debug!(dir = %base.display(), "images not removed: {err}");
     }
 }
 
@@ -292,10 +363,10 @@ pub struct FillServer {
 const FILL_THREADS: usize = 4;
 
 impl FillServer {
-    /// Mark the image's filesystem and start answering its events. `rt` runs the fetcher.
+    /// Start answering the events of the image's group. `rt` runs the fetcher.
     ///
-    /// Only the group and its mark are made here, before the target is released: its first
-    /// touch then already waits for an answer. Everything else (the image's map, the log of
+    /// The group and its mark were made with the image, before the target exists: its first
+    /// touch already waits for an answer. Everything else (the image's map, the log of
     /// completed files, the workers) is set up by the event thread while the program loads.
     ///
     /// `detach_teardown`: leave the group's end to a holder process ([`spawn_holder`]). Only
@@ -309,27 +380,12 @@ impl FillServer {
         report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
         detach_teardown: bool,
     ) -> Result<FillServer, LazyError> {
-        // Read-only event fds: the reader's path may be a read-only bind. Fills write through
-        // the host mount; the events those writes raise come from this process and are allowed.
-        let fan = Fanotify::init(
-            InitFlags::FAN_CLASS_PRE_CONTENT | InitFlags::FAN_CLOEXEC,
-            EventFFlags::O_RDONLY | EventFFlags::O_LARGEFILE,
-        )
-        .map_err(|source| LazyError::Fanotify { op: "init", source })?;
-        let root = std::fs::File::open(&image.mnt).map_err(io("open", &image.mnt))?;
-        fan.mark(
-            MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
-            mask(),
-            &root,
-            None::<&Path>,
-        )
-        .map_err(|source| LazyError::Fanotify { op: "mark", source })?;
         let stats = Arc::new(FillStats::default());
         let counters = stats.clone();
         std::thread::Builder::new()
             .name("sigma-fanotify".into())
             .spawn(move || {
-                let served = Server::new(fan, image, &root, cache, rt, counters, report);
+                let served = Server::new(image, cache, rt, counters, report);
                 // Once the server can answer (events wait until then): the group's end (its
                 // marks destroyed, an SRCU grace period, 5-15 ms) is left to a holder that
                 // outlives this process, so the run's exit does not wait for it. Without one it
@@ -414,15 +470,19 @@ impl Server {
     /// The server of `image`, with its workers started. On failure the group comes back.
     #[allow(clippy::type_complexity)]
     fn new(
-        fan: Fanotify,
         image: LazyImage,
-        root: &std::fs::File,
         cache: Arc<RealmCache>,
         rt: tokio::runtime::Handle,
         stats: Arc<FillStats>,
         report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
     ) -> Result<(Arc<Server>, std::sync::mpsc::Sender<u64>), (Fanotify, LazyError)> {
-        let files = match image.files {
+        let LazyImage {
+            mnt: _,
+            filled_log,
+            files,
+            group: (fan, root),
+        } = image;
+        let files = match files {
             Files::Made(files) => files,
             Files::Map(map) => {
                 match std::fs::read_to_string(&map)
@@ -455,7 +515,7 @@ impl Server {
             .unwrap_or_default();
         let mut done = HashSet::new();
         let mut ignores = Vec::new();
-        for line in std::fs::read_to_string(&image.filled_log)
+        for line in std::fs::read_to_string(&filled_log)
             .unwrap_or_default()
             .lines()
         {
@@ -474,20 +534,20 @@ impl Server {
             }
         }
         for path in ignores {
-            let _ = fan.mark(ignore_flags(), mask(), root, Some(Path::new(&path)));
+            let _ = fan.mark(ignore_flags(), mask(), &root, Some(Path::new(&path)));
         }
         let log = match std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&image.filled_log)
+            .open(&filled_log)
         {
             Ok(log) => log,
-            Err(e) => return Err((fan, io("open", &image.filled_log)(e))),
+            Err(e) => return Err((fan, io("open", &filled_log)(e))),
         };
         let (tx, rx) = std::sync::mpsc::channel::<u64>();
         let server = Arc::new(Server {
             fan,
-            mnt: image.mnt,
+            root,
             by_sha: files.iter().fold(HashMap::new(), |mut m, (ino, p)| {
                 m.entry(p.sha256.clone())
                     .or_insert_with(Vec::new)
@@ -559,7 +619,8 @@ fn deny_eio() -> Response {
 
 struct Server {
     fan: Fanotify,
-    mnt: PathBuf,
+    /// The image's mount, opened (fills write through it).
+    root: std::fs::File,
     files: HashMap<u64, Placeholder>,
     /// sha256 → the placeholders with that content.
     by_sha: HashMap<String, Vec<u64>>,
@@ -720,12 +781,22 @@ impl Server {
         }
     }
 
+    /// The placeholder of `p`, opened through the image's root (not its host path: a run of
+    /// the realm once complete detaches the mount while this one may still fill).
+    fn open(&self, p: &Placeholder, flags: nix::fcntl::OFlag) -> std::io::Result<std::fs::File> {
+        use nix::fcntl::OFlag;
+        let fd = nix::fcntl::openat(
+            &self.root,
+            p.path.as_str(),
+            flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )?;
+        Ok(std::fs::File::from(fd))
+    }
+
     fn fill(&self, p: &Placeholder, ino: u64) -> Result<(), FillError> {
-        let path = self.mnt.join(&p.path);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
+        let file = self
+            .open(p, nix::fcntl::OFlag::O_RDWR)
             .map_err(FillError::Local)?;
         // Filled by an earlier server (or another supervisor of the realm): verify, not refetch.
         if p.size == 0 || content_matches(&file, p).map_err(FillError::Local)? {
@@ -753,9 +824,7 @@ impl Server {
         if data.len() as u64 != p.size {
             return Err(std::io::Error::other("verified file has another size"));
         }
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(self.mnt.join(&p.path))?;
+        let file = self.open(p, nix::fcntl::OFlag::O_WRONLY)?;
         file.write_all_at(&data, 0)?;
         self.stats.filled.fetch_add(1, Ordering::Relaxed);
         self.stats

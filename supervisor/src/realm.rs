@@ -81,11 +81,23 @@ pub struct RealmOpts {
     #[arg(long)]
     pub no_prefetch: bool,
 
-    /// Serve a realm that is not completely installed from a lazily filled ext4 image (placeholders
-    /// filled by the kernel's pre-content events on first touch; root only). Falls back to
-    /// notifications where that is not possible, and on a realm's first run (no index snapshot).
-    #[arg(long)]
-    pub lazy: bool,
+    /// Serve a realm that is not completely installed from a lazily filled ext4 image
+    /// (placeholders filled by the kernel's pre-content events on first touch; no notifications).
+    /// Needs root (a loop mount and fanotify in the initial namespace) and Linux 6.14+; a
+    /// realm's first run is served by notification (it has no index snapshot yet). `auto`: where
+    /// possible, else quietly by notification (a failure is remembered for a day);
+    /// `always` (`--lazy`): the same, saying why it falls back; `never`: by notification.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHEN",
+        env = "SIGMA_SUPERVISE_LAZY",
+        default_value_t = Lazy::Auto,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "always"
+    )]
+    pub lazy: Lazy,
 
     /// Where a jailed run's downloads run: in a fill process of their own that completes a
     /// package after the run has exited and writes what the import does not read first with
@@ -99,6 +111,23 @@ pub struct RealmOpts {
         default_value_t = FillProcess::Auto
     )]
     pub fill_process: FillProcess,
+}
+
+/// Whether `path` was modified less than `age` ago.
+fn recent(path: &Path, age: std::time::Duration) -> bool {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|e| e < age)
+}
+
+/// See [`RealmOpts::lazy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lazy {
+    Auto,
+    Always,
+    Never,
 }
 
 /// See [`RealmOpts::fill_process`].
@@ -134,6 +163,8 @@ pub struct RealmPlan {
     unreachable: Option<FetchError>,
     /// Run streaming downloads in fill processes that outlive the run ([`crate::fill`]).
     pub delegate: bool,
+    /// The realm's index snapshot was fetched for this run ([`tree_view`](Self::tree_view)).
+    snapshot_fetched: bool,
 }
 
 impl RealmPlan {
@@ -183,6 +214,7 @@ impl RealmPlan {
             lib,
             realm_dir,
             unreachable: None,
+            snapshot_fetched: false,
             delegate: false,
         }))
     }
@@ -206,6 +238,8 @@ impl RealmPlan {
         if !jailed && !self.host_mount_point() {
             return None;
         }
+        // Served by the lazy backend while it was incomplete: its images are no longer needed.
+        crate::lazyfs::retire(&self.realm_dir);
         Some(n)
     }
 
@@ -234,6 +268,7 @@ impl RealmPlan {
         let mut taken = None;
         if !snapshot.exists() && self.store_has_content() {
             taken = self.fetch_snapshot();
+            self.snapshot_fetched = taken.is_some();
         }
         let view = match fetcher::realm_trees_of(&self.root, &self.opts.realm, taken.as_deref()) {
             Ok(v) => v?,
@@ -317,20 +352,36 @@ impl RealmPlan {
         }
     }
 
-    /// With `--lazy`: the realm's image (materialised from its index snapshot, mounted), to be
-    /// bind-mounted read-only at the prefix and served by [`start_lazy`](Self::start_lazy).
-    /// `None` (serve through notifications): no `--lazy`, no snapshot yet, or no image possible
-    /// (said once on stderr).
+    /// The lazy backend ([`RealmOpts::lazy`]): the realm's image (materialised from its index
+    /// snapshot, mounted, its pre-content group marked), to be bind-mounted read-only at the
+    /// prefix and served by [`start_lazy`](Self::start_lazy). `None` (serve through
+    /// notifications): `--lazy=never`, no snapshot from an earlier run, or no image possible
+    /// (said on stderr with `--lazy`; with `auto` remembered in the realm's `lazy-unavailable`
+    /// for a day, so that runs do not pay for the attempt again).
     pub fn lazy_image(&self) -> Option<crate::lazyfs::LazyImage> {
-        if !self.opts.lazy {
-            return None;
-        }
+        let loud = match self.opts.lazy {
+            Lazy::Never => return None,
+            Lazy::Always => true,
+            Lazy::Auto => false,
+        };
         if !nix::unistd::geteuid().is_root() {
             // A loop mount and fanotify's pre-content events need CAP_SYS_ADMIN on the host.
-            eprintln!(
-                "sigma-supervise: realm {}: the lazy backend needs root; serving by notification",
-                self.opts.realm
-            );
+            if loud {
+                eprintln!(
+                    "sigma-supervise: realm {}: the lazy backend needs root; serving by \
+                     notification",
+                    self.opts.realm
+                );
+            }
+            return None;
+        }
+        // A snapshot fetched for this run (a realm's first): its image would be made on the
+        // path of a cold start, which streams faster by notification.
+        if !loud && self.snapshot_fetched {
+            return None;
+        }
+        let unavailable = self.realm_dir.join("lazy-unavailable");
+        if !loud && recent(&unavailable, std::time::Duration::from_secs(24 * 3600)) {
             return None;
         }
         let snapshot = self.realm_dir.join("index.json");
@@ -371,13 +422,24 @@ impl RealmPlan {
                 })
         };
         match crate::lazyfs::LazyImage::prepare_keyed(&self.realm_dir, &key, index) {
-            Ok(img) => Some(img),
+            Ok(img) => {
+                if loud {
+                    let _ = std::fs::remove_file(&unavailable);
+                }
+                Some(img)
+            }
             Err(e) => {
-                eprintln!(
-                    "sigma-supervise: realm {}: lazy backend unavailable ({e}); serving by \
-                     notification",
-                    self.opts.realm
-                );
+                if loud {
+                    eprintln!(
+                        "sigma-supervise: realm {}: lazy backend unavailable ({e}); serving by \
+                         notification",
+                        self.opts.realm
+                    );
+                } else {
+                    tracing::info!(realm = %self.opts.realm, "lazy backend unavailable ({e}); \
+                                   serving by notification");
+                }
+                let _ = fetcher::cache::write_renamed(&unavailable, format!("{e}\n").as_bytes());
                 None
             }
         }
@@ -1369,7 +1431,7 @@ mod tests {
             lib_prefix: "/sigma/lib".into(),
             fetch_timeout: 2.0,
             no_prefetch: false,
-            lazy: false,
+            lazy: Lazy::Never,
             fill_process: FillProcess::Auto,
         };
         let plan = RealmPlan::new(&opts).unwrap().unwrap();

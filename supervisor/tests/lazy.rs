@@ -64,7 +64,8 @@ impl Setup {
         self.tmp.path().join("cache")
     }
 
-    /// `sigma-supervise --stats [--lazy] --realm r … python3 -c CODE`.
+    /// `sigma-supervise --stats [--lazy] --realm r … python3 -c CODE` (without `--lazy`: the
+    /// default, `auto`).
     fn cmd(&self, lazy: bool, code: &str) -> Command {
         let mut c = interp::supervisor();
         c.env_remove("PYTHONPATH")
@@ -605,4 +606,83 @@ fn a_lazy_run_completes_a_realm_that_lacks_little_and_the_next_start_is_a_mount(
     assert_eq!(stdout(&o).trim(), "100000");
     let line = realm_line(&o);
     assert!(line.contains("backend kernel"), "{line}");
+    // The image is no longer needed: detached and removed.
+    assert!(!s.cache().join("realms/r/lazy").exists());
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = s.tmp.path().to_string_lossy().into_owned();
+    assert!(
+        !info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .any(|m| m.starts_with(&root)),
+        "a mount left under {root}:\n{info}"
+    );
+}
+
+/// Without `--lazy` (`auto`): a root supervisor serves an incomplete realm lazily from its
+/// second run on (the first takes the snapshot, by notification); `--lazy=never` keeps the
+/// notification path.
+#[test]
+fn by_default_an_incomplete_realm_is_served_lazily_from_its_second_run() {
+    let s = setup(1000);
+    let code = "import demo_z; print(demo_z.NAME)";
+    let o = s.run(false, code);
+    assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
+    assert!(realm_line(&o).contains("backend notification"));
+    let o = s.run(false, code);
+    assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
+    assert_lazy(&o);
+    assert!(
+        stderr(&o).contains("stats: 0 notifications"),
+        "{}",
+        stderr(&o)
+    );
+    let o = s
+        .cmd(false, code)
+        .env("SIGMA_SUPERVISE_LAZY", "never")
+        .output()
+        .unwrap();
+    interp::settled(&s.cache());
+    assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
+    assert!(realm_line(&o).contains("backend notification"));
+}
+
+/// Where no image can be made (here: no `mkfs.ext4` on PATH), the default serves by
+/// notification without a word, remembers why in the realm's `lazy-unavailable` and does not
+/// try again for a day; `--lazy` tries at once (and says why when it fails).
+#[test]
+fn where_no_image_can_be_made_the_default_falls_back_quietly_and_remembers_it() {
+    let s = setup(1000);
+    s.snapshot();
+    let code = "import demo_z; print(demo_z.NAME)";
+    // PATH with the interpreter's directory alone.
+    let bin = interp::python().parent().unwrap();
+    assert!(!bin.join("mkfs.ext4").exists());
+    let o = s.cmd(false, code).env("PATH", bin).output().unwrap();
+    interp::settled(&s.cache());
+    assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
+    assert!(realm_line(&o).contains("backend notification"));
+    assert!(!stderr(&o).contains("lazy"), "{}", stderr(&o));
+    let marker = s.cache().join("realms/r/lazy-unavailable");
+    let why = std::fs::read_to_string(&marker).unwrap();
+    assert!(why.contains("mkfs.ext4"), "{why}");
+    // Remembered: mkfs.ext4 is back on PATH, and still no attempt.
+    let o = s.run(false, code);
+    assert!(realm_line(&o).contains("backend notification"));
+    assert!(!s.cache().join("realms/r/lazy").read_dir().is_ok_and(
+        |mut d| d.any(|e| e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "img")))
+    ));
+    // `--lazy` tries again, says why where it fails, and clears the memory when it works.
+    let o = s.cmd(true, code).env("PATH", bin).output().unwrap();
+    interp::settled(&s.cache());
+    assert!(
+        stderr(&o).contains("lazy backend unavailable") && stderr(&o).contains("mkfs.ext4"),
+        "{}",
+        stderr(&o)
+    );
+    let o = s.run(true, code);
+    assert_lazy(&o);
+    assert!(!marker.exists());
+    let o = s.run(false, code);
+    assert_lazy(&o);
 }

@@ -20,8 +20,11 @@ mod interp;
 /// `sigma-supervise` with the real interpreter first on PATH and no inherited PYTHONPATH.
 fn sup() -> Command {
     let mut c = interp::supervisor();
+    // These tests are about realms served by notification and by mounts; the lazy backend (a
+    // root supervisor's default from an incomplete realm's second run) has tests/lazy.rs.
     c.env_remove("PYTHONPATH")
-        .env("PYTHONDONTWRITEBYTECODE", "1");
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("SIGMA_SUPERVISE_LAZY", "never");
     c
 }
 
@@ -894,6 +897,16 @@ fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
     // The realm's cache is the user's own.
     let lib = cache.join("realms/r/lib");
     assert_eq!(std::fs::metadata(&lib).unwrap().uid(), 65534);
+    // By default (`--lazy=auto`) the incomplete realm's second run is served by notification
+    // without a word about the lazy backend, which needs root.
+    let out = run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("backend notification") && !stderr(&out).contains("lazy"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!cache.join("realms/r/lazy-unavailable").exists());
     let out = run(&["--lazy"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
