@@ -155,6 +155,54 @@ pub fn realm_complete(root: &Path, realm: &str) -> Result<Option<usize>> {
     Ok(n)
 }
 
+/// A package whose marker says it is completely installed in a realm's lib dir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstalledPackage {
+    pub name: String,
+    /// The archive it was installed from (its index entry's).
+    pub archive_sha256: String,
+    /// Its top-level entries in the lib dir.
+    pub entries: Vec<String>,
+}
+
+/// The packages of realm `realm` under `root` that are completely installed, by their markers
+/// (unreadable markers are left out). Empty while the cache awaits its crash check: markers
+/// written before a crash are trusted only once [`RealmCache::open`] has checked them. Reads
+/// only local files (no network, no threads).
+pub fn installed_packages(root: &Path, realm: &str) -> Result<Vec<InstalledPackage>> {
+    check_realm(realm)?;
+    if needs_recovery(root)? {
+        return Ok(Vec::new());
+    }
+    let state = root.join("realms").join(realm).join("state");
+    let entries = match std::fs::read_dir(&state) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(FetchError::io("list", state, e)),
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pkg) = name.to_str().and_then(|n| n.strip_suffix(".installed")) else {
+            continue;
+        };
+        let Some(m) = std::fs::read(e.path())
+            .ok()
+            .and_then(|d| serde_json::from_slice::<Marker>(&d).ok())
+            .filter(|m| m.package == pkg)
+        else {
+            continue;
+        };
+        out.push(InstalledPackage {
+            name: m.package,
+            archive_sha256: m.archive_sha256,
+            entries: m.entries,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
 /// A file's identity for keys of remembered answers: device, inode, size, modification and
 /// change times. A file replaced or written since has another (the writers here rename).
 pub fn identity(m: &std::fs::Metadata) -> String {

@@ -88,8 +88,13 @@ pub struct LazyImage {
     /// thread, off the target's start).
     files: Files,
     /// The pre-content group with its mark on the image's filesystem, and the mount's root
-    /// ([`mark`](Self::mark)).
+    /// ([`mark`]).
     group: (Fanotify, std::fs::File),
+    /// Package → the archive its placeholders stand for.
+    packages: HashMap<String, String>,
+    /// Top-level entries shown from the realm's lib dir over the image
+    /// ([`entries_from_lib`](Self::entries_from_lib)).
+    pub lib_entries: Vec<String>,
 }
 
 enum Files {
@@ -200,8 +205,24 @@ impl LazyImage {
                     .arg(&mnt),
             )?;
         }
+        let packages_path = base.join(format!("{key}.packages"));
         let files = if let Some(index) = &index {
+            // mkfs's lost+found would be listed at the prefix (nothing here runs fsck).
+            let _ = std::fs::remove_dir(mnt.join("lost+found"));
             let files = materialize(&mnt, index)?;
+            // Which archive each package's placeholders stand for: a package installed from the
+            // same archive is shown from the realm's lib dir instead (`entries_from_lib`).
+            let mut text = String::new();
+            for p in index.packages().values() {
+                text.push_str(&format!("{} {}\n", p.name, p.archive.sha256));
+            }
+            fetcher::cache::write_renamed(&packages_path, text.as_bytes()).map_err(|e| {
+                LazyError::Io {
+                    op: "write",
+                    path: packages_path.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                }
+            })?;
             // Written last: its presence says the image is complete.
             let tmp = base.join(format!(".{key}.inodes.tmp"));
             let mut text = String::new();
@@ -226,13 +247,48 @@ impl LazyImage {
                 return Err(e);
             }
         };
+        // Missing (an image made by an older build): every package is filled into the image.
+        let packages = std::fs::read_to_string(&packages_path)
+            .map(|t| {
+                t.lines()
+                    .filter_map(|l| l.split_once(' '))
+                    .map(|(n, sha)| (n.to_owned(), sha.to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(LazyImage {
             mnt,
             filled_log,
             files,
             group,
+            packages,
+            lib_entries: Vec::new(),
         })
     }
+
+    /// The top-level entries of `installed` packages that this image stands for (the same
+    /// archive): shown from the realm's lib dir over their placeholders, so the kernel serves
+    /// them from the installed files, with nothing copied into the image. An entry is one
+    /// normal name (the index checks them; checked again, as it names a mount point).
+    pub fn entries_from_lib(&self, installed: &[fetcher::InstalledPackage]) -> Vec<String> {
+        installed
+            .iter()
+            .filter(|p| self.packages.get(&p.name) == Some(&p.archive_sha256))
+            .flat_map(|p| p.entries.iter())
+            .filter(|e| one_name(e))
+            .cloned()
+            .collect()
+    }
+}
+
+/// `e` is one normal path component (`numpy`, `six.py`): not empty, `.`, `..` or a path.
+fn one_name(e: &str) -> bool {
+    let mut c = Path::new(e).components();
+    !e.contains('/')
+        && matches!(
+            (c.next(), c.next()),
+            (Some(std::path::Component::Normal(_)), None)
+        )
 }
 
 /// A pre-content group with a filesystem mark on `mnt`'s filesystem, and `mnt` opened: made
@@ -481,6 +537,7 @@ impl Server {
             filled_log,
             files,
             group: (fan, root),
+            ..
         } = image;
         let files = match files {
             Files::Made(files) => files,
@@ -817,19 +874,23 @@ impl Server {
             .map_err(FillError::Local)
     }
 
-    /// Copy verified bytes from `src` into the placeholder (through the host mount).
+    /// Copy verified bytes from `src` into the placeholder (through the image's root), in the
+    /// kernel (`sendfile`: the image and the store are different filesystems).
     fn fill_from(&self, p: &Placeholder, src: &Path) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        let data = std::fs::read(src)?;
-        if data.len() as u64 != p.size {
+        use std::io::Read as _;
+        let src = std::fs::File::open(src)?;
+        if src.metadata()?.len() != p.size {
             return Err(std::io::Error::other("verified file has another size"));
         }
-        let file = self.open(p, nix::fcntl::OFlag::O_WRONLY)?;
-        file.write_all_at(&data, 0)?;
+        let mut file = self.open(p, nix::fcntl::OFlag::O_WRONLY)?;
+        let n = std::io::copy(&mut src.take(p.size), &mut file)?;
+        if n != p.size {
+            return Err(std::io::Error::other(
+                "verified file shrank while it was copied",
+            ));
+        }
         self.stats.filled.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(n, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -844,4 +905,19 @@ fn content_matches(file: &std::fs::File, p: &Placeholder) -> std::io::Result<boo
     let mut h = Sha256::new();
     let n = std::io::copy(&mut &*file, &mut h)?;
     Ok(n == p.size && hex::encode(h.finalize()) == p.sha256)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_name;
+
+    #[test]
+    fn only_single_names_become_mount_points() {
+        for ok in ["numpy", "six.py", "numpy-2.1.3.dist-info", "..x"] {
+            assert!(one_name(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "a/b", "/etc", "numpy/", "../lib", "./x"] {
+            assert!(!one_name(bad), "{bad}");
+        }
+    }
 }

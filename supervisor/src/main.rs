@@ -354,6 +354,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         }
         if let Some(img) = &lazy {
             prepared.bind_read_only(&img.mnt, &r.opts.lib_prefix)?;
+            for e in &img.lib_entries {
+                prepared.bind_read_only(&r.lib.join(e), &r.opts.lib_prefix.join(e))?;
+            }
         }
         prepared.hide_also(&r.root)?;
     }

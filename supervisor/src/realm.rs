@@ -422,9 +422,15 @@ impl RealmPlan {
                 })
         };
         match crate::lazyfs::LazyImage::prepare_keyed(&self.realm_dir, &key, index) {
-            Ok(img) => {
+            Ok(mut img) => {
                 if loud {
                     let _ = std::fs::remove_file(&unavailable);
+                }
+                // Packages installed already are shown from the lib dir (none if unreadable:
+                // then their placeholders are filled like the others').
+                match fetcher::installed_packages(&self.root, &self.opts.realm) {
+                    Ok(installed) => img.lib_entries = img.entries_from_lib(&installed),
+                    Err(e) => tracing::debug!(error = %e, "installed packages unreadable"),
                 }
                 Some(img)
             }
@@ -458,6 +464,7 @@ impl RealmPlan {
         let (realm, bucket) = (self.opts.realm.clone(), self.bucket.clone());
         let report: Arc<dyn Fn(&FetchError) + Send + Sync> =
             Arc::new(move |e| report_once(&reported, &realm, &bucket, e));
+        let from_lib = image.lib_entries.len();
         let server = crate::lazyfs::FillServer::start(
             image,
             cache.clone(),
@@ -471,6 +478,7 @@ impl RealmPlan {
             bucket: self.bucket,
             stats: server.stats,
             cache,
+            from_lib,
             _rt: rt,
         })
     }
@@ -678,6 +686,8 @@ pub struct LazyServed {
     bucket: String,
     stats: Arc<crate::lazyfs::FillStats>,
     cache: Arc<RealmCache>,
+    /// Top-level entries shown from the lib dir over the image.
+    from_lib: usize,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -689,11 +699,12 @@ impl Resolver for LazyServed {
     fn report(&self) -> Option<String> {
         let (f, c) = (&self.stats, self.cache.stats());
         Some(format!(
-            "sigma-supervise realm {} ({}): backend lazy (ext4 image, pre-content events): \
-             filled {} files, {} bytes; already present {}; denied {}; fetched {} packages, \
-             {} bytes, {} GETs\n",
+            "sigma-supervise realm {} ({}): backend lazy (ext4 image, pre-content events; \
+             {} installed entries shown from the lib dir): filled {} files, {} bytes; already \
+             present {}; denied {}; fetched {} packages, {} bytes, {} GETs\n",
             self.realm,
             self.bucket,
+            self.from_lib,
             f.filled.load(Ordering::Relaxed),
             f.bytes.load(Ordering::Relaxed),
             f.present.load(Ordering::Relaxed),

@@ -686,3 +686,49 @@ fn where_no_image_can_be_made_the_default_falls_back_quietly_and_remembers_it() 
     let o = s.run(false, code);
     assert_lazy(&o);
 }
+
+/// A package installed in the realm (here by its first run, served by notification) is shown
+/// from the realm's lib dir over its placeholders: the kernel serves the installed files, and
+/// nothing of it is filled into the image; the packages not installed stay placeholders.
+#[test]
+fn installed_packages_are_shown_from_the_lib_dir_over_the_image() {
+    let s = setup(200_000);
+    let code = "import demo_z; print(len(open(demo_z.__path__[0] + '/blob.bin', 'rb').read()))";
+    let o = s.run(false, code);
+    assert_eq!(stdout(&o).trim(), "200000", "{}", stderr(&o));
+    assert!(realm_line(&o).contains("backend notification"));
+    // Installed by that run; not demo_y, never touched.
+    let mut state: Vec<String> = std::fs::read_dir(s.cache().join("realms/r/state"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".installed"))
+        .collect();
+    state.sort();
+    assert_eq!(state, ["demo-z.installed"]);
+    // The same bytes, from the lib dir: no fill, and the jail's mount table shows the bind.
+    let code = r#"
+import demo_z
+print(len(open(demo_z.__path__[0] + '/blob.bin', 'rb').read()))
+mounts = [l.split()[3:5] for l in open('/proc/self/mountinfo')]
+print(sorted(m for r, m in mounts if m.startswith('/sigma/lib/demo_')))
+"#;
+    let o = s.run(true, code);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("200000"));
+    let mounts = lines.next().unwrap();
+    assert!(
+        mounts.contains("'/sigma/lib/demo_z'") && !mounts.contains("'/sigma/lib/demo_y'"),
+        "{mounts}"
+    );
+    let line = realm_line(&o);
+    assert_lazy(&o);
+    assert_eq!(counter(&line, "filled "), 0, "{line}");
+    assert!(counter(&line, "events; ") >= 1, "{line}");
+    // The package not installed is still a placeholder, filled on its first touch.
+    let o = s.run(true, "import demo_y; print(demo_y.NAME)");
+    assert_eq!(stdout(&o), "demo_y\n", "{}", stderr(&o));
+    assert_eq!(counter(&realm_line(&o), "filled "), 1);
+}
