@@ -7,8 +7,12 @@
 //! of a pre-content group (`FAN_OPEN_PERM` and `FAN_PRE_ACCESS`: open, read, mmap, execve,
 //! and `lseek(SEEK_DATA)` after an open all wait): a first touch blocks the reader in the kernel
 //! while [`FillServer`] makes sure the file's package is in the realm cache (the fetcher's single
-//! flight and per-file sha256), copies the verified bytes into the placeholder through the event
-//! fd, allows the access and adds an ignore mark, after which that file is ordinary page cache.
+//! flight and per-file sha256), copies the verified bytes into the placeholder (through the
+//! image's root, in the kernel), allows the access and adds an ignore mark, after which that file
+//! is ordinary page cache. Packages the realm has installed from the image's archives are shown
+//! from its lib dir over their placeholders (a bind per top-level entry,
+//! [`LazyImage::entries_from_lib`]): nothing installed is copied into the image. A realm once complete is mounted from its lib dir
+//! and its images are detached and removed ([`retire`]).
 //! A fill that fails (store down, integrity) answers `FAN_DENY_ERRNO(EIO)`: an error, never
 //! zeros. Files are identified by inode (the map is written when the image is materialised),
 //! never by path, so the same mark serves the jail's bind of the mount.
@@ -95,6 +99,8 @@ pub struct LazyImage {
     /// Top-level entries shown from the realm's lib dir over the image
     /// ([`entries_from_lib`](Self::entries_from_lib)).
     pub lib_entries: Vec<String>,
+    /// The realm's `lazy-users`, locked shared for as long as this process serves the image.
+    users: nix::fcntl::Flock<std::fs::File>,
 }
 
 enum Files {
@@ -150,6 +156,22 @@ impl LazyImage {
         key: &str,
         index: impl FnOnce() -> Result<Index, LazyError>,
     ) -> Result<LazyImage, LazyError> {
+        // Held (shared) while this run may show the image: no run of the realm once complete
+        // retires it meanwhile ([`retire`]). Kept beside, not in, the dir a retire removes.
+        let users_path = realm_dir.join("lazy-users");
+        let users = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&users_path)
+            .map_err(io("open", &users_path))?;
+        let users = nix::fcntl::Flock::lock(users, nix::fcntl::FlockArg::LockShared).map_err(
+            |(_, e)| LazyError::Io {
+                op: "flock",
+                path: users_path.clone(),
+                source: e.into(),
+            },
+        )?;
         let base = realm_dir.join("lazy");
         std::fs::create_dir_all(&base).map_err(io("create dir", &base))?;
         let lock_path = base.join("lock");
@@ -263,6 +285,7 @@ impl LazyImage {
             group,
             packages,
             lib_entries: Vec::new(),
+            users,
         })
     }
 
@@ -321,6 +344,15 @@ pub fn retire(realm_dir: &Path) {
     let base = realm_dir.join("lazy");
     // The common case: no image was ever made for this realm.
     let Ok(entries) = std::fs::read_dir(&base) else {
+        return;
+    };
+    // Not while any run may still show one of them (it holds `lazy-users` shared), nor wait
+    // for them: a later start retires them.
+    let Ok(users) = std::fs::File::open(realm_dir.join("lazy-users")) else {
+        return;
+    };
+    let Ok(_users) = nix::fcntl::Flock::lock(users, nix::fcntl::FlockArg::LockExclusiveNonblock)
+    else {
         return;
     };
     let Ok(lock_file) = std::fs::File::open(base.join("lock")) else {
@@ -537,6 +569,7 @@ impl Server {
             filled_log,
             files,
             group: (fan, root),
+            users,
             ..
         } = image;
         let files = match files {
@@ -605,6 +638,7 @@ impl Server {
         let server = Arc::new(Server {
             fan,
             root,
+            _users: users,
             by_sha: files.iter().fold(HashMap::new(), |mut m, (ino, p)| {
                 m.entry(p.sha256.clone())
                     .or_insert_with(Vec::new)
@@ -678,6 +712,8 @@ struct Server {
     fan: Fanotify,
     /// The image's mount, opened (fills write through it).
     root: std::fs::File,
+    /// See [`LazyImage::users`].
+    _users: nix::fcntl::Flock<std::fs::File>,
     files: HashMap<u64, Placeholder>,
     /// sha256 → the placeholders with that content.
     by_sha: HashMap<String, Vec<u64>>,
