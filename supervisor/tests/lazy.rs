@@ -732,3 +732,49 @@ print(sorted(m for r, m in mounts if m.startswith('/sigma/lib/demo_')))
     assert_eq!(stdout(&o), "demo_y\n", "{}", stderr(&o));
     assert_eq!(counter(&realm_line(&o), "filled "), 1);
 }
+
+/// A realm completed while a lazy run still shows its image: starts of the complete realm are
+/// mounted from its lib dir but leave the image alone until that run has ended; the next start
+/// after it detaches and removes it.
+#[test]
+fn an_image_in_use_is_retired_only_after_its_last_run() {
+    let s = setup(1000);
+    s.snapshot();
+    let mut keeper = s
+        .cmd(
+            true,
+            "import demo_z, time; time.sleep(4); print(demo_z.NAME)",
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lazy_dir = s.cache().join("realms/r/lazy");
+    let start = Instant::now();
+    while !lazy_dir.exists() {
+        assert!(start.elapsed() < Duration::from_secs(3), "no image made");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Complete the realm through notifications.
+    let o = s
+        .cmd(false, "import demo_y, demo_z")
+        .env("SIGMA_SUPERVISE_LAZY", "never")
+        .output()
+        .unwrap();
+    interp::settled(&s.cache());
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = s.run(false, "import demo_y, demo_z; print(demo_z.NAME)");
+    assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
+    assert!(realm_line(&o).contains("backend kernel"), "{}", stderr(&o));
+    assert!(
+        keeper.try_wait().unwrap().is_none(),
+        "the lazy run ended too early for this test"
+    );
+    assert!(lazy_dir.exists(), "retired under a run that shows it");
+    let out = keeper.wait_with_output().unwrap();
+    assert_eq!(stdout(&out), "demo_z\n", "{}", stderr(&out));
+    assert_lazy(&out);
+    let o = s.run(false, "import demo_z");
+    assert!(realm_line(&o).contains("backend kernel"));
+    assert!(!lazy_dir.exists(), "not retired after its last run");
+}
