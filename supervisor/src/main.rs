@@ -258,7 +258,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             trees = r.tree_view(!cli.jail.no_jail);
         }
         if kernel_served.is_none() && trees.is_none() {
-            lazy = r.lazy_image();
+            lazy = r.lazy_image(!cli.jail.no_jail);
             if lazy.is_none() {
                 serves.push(r.serve_rule());
             }

@@ -287,6 +287,8 @@ impl RealmPlan {
         if !jailed && !self.host_mount_point() {
             return None;
         }
+        // Served by the lazy backend while the store lacked a package: no longer needed.
+        crate::lazyfs::retire(&self.realm_dir);
         Some(view)
     }
 
@@ -358,7 +360,7 @@ impl RealmPlan {
     /// notifications): `--lazy=never`, no snapshot from an earlier run, or no image possible
     /// (said on stderr with `--lazy`; with `auto` remembered in the realm's `lazy-unavailable`
     /// for a day, so that runs do not pay for the attempt again).
-    pub fn lazy_image(&self) -> Option<crate::lazyfs::LazyImage> {
+    pub fn lazy_image(&self, jailed: bool) -> Option<crate::lazyfs::LazyImage> {
         let loud = match self.opts.lazy {
             Lazy::Never => return None,
             Lazy::Always => true,
@@ -408,8 +410,7 @@ impl RealmPlan {
                 k
             }
         };
-        let prefix = &self.opts.lib_prefix;
-        if !prefix.is_dir() && std::fs::create_dir_all(prefix).is_err() {
+        if !jailed && !self.host_mount_point() {
             return None;
         }
         let index = || {
@@ -429,7 +430,12 @@ impl RealmPlan {
                 // Packages installed already are shown from the lib dir (none if unreadable:
                 // then their placeholders are filled like the others').
                 match fetcher::installed_packages(&self.root, &self.opts.realm) {
-                    Ok(installed) => img.lib_entries = img.entries_from_lib(&installed),
+                    Ok(installed) => {
+                        img.lib_entries = img.entries_from_lib(&installed);
+                        // A marker whose entry is gone (removed by hand): its placeholder stays.
+                        img.lib_entries
+                            .retain(|e| self.lib.join(e).symlink_metadata().is_ok());
+                    }
                     Err(e) => tracing::debug!(error = %e, "installed packages unreadable"),
                 }
                 Some(img)
