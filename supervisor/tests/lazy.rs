@@ -778,3 +778,37 @@ fn an_image_in_use_is_retired_only_after_its_last_run() {
     assert!(realm_line(&o).contains("backend kernel"));
     assert!(!lazy_dir.exists(), "not retired after its last run");
 }
+
+/// A real wheel's metadata through placeholders: `importlib.metadata` finds the distribution
+/// by listing alone and reads only its METADATA (filled on that read, with real bytes); the
+/// module itself stays a placeholder until imported.
+#[test]
+fn importlib_metadata_reads_real_bytes_and_only_what_it_reads() {
+    let s = setup(1000);
+    let six = common::wheel("six==1.16.0");
+    let out = interp::supervisor()
+        .args(["publish", "--bucket", &s.bucket])
+        .arg(&six)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let o = s.run(false, "import os; print(sorted(os.listdir('/sigma/lib')))");
+    assert!(stdout(&o).contains("'six.py'"), "{}", stdout(&o));
+    let code = r#"
+import importlib.metadata as md, os
+d = md.distribution('six')
+print(d.version, md.version('six'))
+print(os.stat('/sigma/lib/six.py').st_size > 0)
+"#;
+    let o = s.run(false, code);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "1.16.0 1.16.0\nTrue\n");
+    assert_lazy(&o);
+    let line = realm_line(&o);
+    assert_eq!(counter(&line, "filled "), 1, "METADATA alone: {line}");
+    // The package was installed for that read: shown from the lib dir now, or (had the run
+    // ended before its install did) filled from its placeholders.
+    let o = s.run(false, "import six; print(six.__version__)");
+    assert_eq!(stdout(&o), "1.16.0\n", "{}", stderr(&o));
+    assert_lazy(&o);
+}
