@@ -39,6 +39,9 @@ fn become_user(uid: u32, gid: u32) -> Result<(), Errno> {
         nix::unistd::setresgid(g, g, g)?;
         nix::unistd::setresuid(u, u, u)?;
         sys::restore_effective_caps()?;
+        // A change of uid clears the parent-death signal: init (and the target) must still
+        // die with their parent, or a killed supervisor would leave the jail running.
+        sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0)?;
     }
     Ok(())
 }

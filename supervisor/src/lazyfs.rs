@@ -457,16 +457,16 @@ impl FillServer {
     /// touch already waits for an answer. Everything else (the image's map, the log of
     /// completed files, the workers) is set up by the event thread while the program loads.
     ///
-    /// `detach_teardown`: leave the group's end to a holder process ([`spawn_holder`]). Only
-    /// where the run does not wait for every child of its own (a jailed run waits for its init
-    /// alone; without a jail the supervisor reaps every process it has, and would wait for the
-    /// holder).
+    /// `jail_init`: a pidfd of the jail's init: leave the group's end to a holder process
+    /// ([`spawn_holder`], [`hold`]) that lets go once the supervisor and that init are gone.
+    /// Only for a jailed run (it waits for its init alone; without a jail the supervisor reaps
+    /// every process it has, and would wait for the holder).
     pub fn start(
         image: LazyImage,
         cache: Arc<RealmCache>,
         rt: tokio::runtime::Handle,
         report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
-        detach_teardown: bool,
+        jail_init: Option<std::os::fd::OwnedFd>,
     ) -> Result<FillServer, LazyError> {
         let stats = Arc::new(FillStats::default());
         let counters = stats.clone();
@@ -478,12 +478,12 @@ impl FillServer {
                 // marks destroyed, an SRCU grace period, 5-15 ms) is left to a holder that
                 // outlives this process, so the run's exit does not wait for it. Without one it
                 // ends with the run, only later.
-                if detach_teardown {
+                if let Some(init) = jail_init {
                     let fan = match &served {
                         Ok((server, _)) => &server.fan,
                         Err((fan, _)) => fan,
                     };
-                    if let Err(e) = spawn_holder(fan) {
+                    if let Err(e) = spawn_holder(fan, init) {
                         tracing::debug!("the fanotify group ends with the run: {e}");
                     }
                 }
@@ -511,7 +511,7 @@ pub const HOLDER_ARG0: &str = "sigma-supervise-hold";
 /// Start the holder of `fan`: this binary again, with a duplicate of the group as its stdout
 /// and the read end of a pipe as its stdin whose write end only this process holds (until it
 /// exits). No other descriptor reaches it (the spawn closes every close-on-exec one).
-fn spawn_holder(fan: &Fanotify) -> std::io::Result<()> {
+fn spawn_holder(fan: &Fanotify, init: std::os::fd::OwnedFd) -> std::io::Result<()> {
     use std::os::unix::process::CommandExt as _;
     let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let group = std::os::fd::AsFd::as_fd(fan).try_clone_to_owned()?;
@@ -521,19 +521,34 @@ fn spawn_holder(fan: &Fanotify) -> std::io::Result<()> {
         .current_dir("/")
         .stdin(std::process::Stdio::from(rx))
         .stdout(std::process::Stdio::from(group))
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(init))
         .spawn()?;
     // Closed by the kernel when this process exits: the holder's signal to let go.
     std::mem::forget(tx);
     Ok(())
 }
 
-/// The holder's whole life: wait for end of file on stdin (the run has exited), then exit,
-/// which drops the group on stdout. Whatever else it inherited from the supervisor's own
-/// parent (descriptors that are not close-on-exec) is closed first: it holds nobody's pipe.
+/// The holder's whole life: wait for end of file on stdin (the supervisor has exited), then
+/// for the jail's init (a pidfd on stderr) to be gone, then exit, which drops the group on
+/// stdout. The group's end answers the events still pending in it with "allow", which would
+/// show a waiting reader its placeholder's zeros: after a supervisor killed mid-fill, the jail
+/// dies with it (init's parent-death signal, then the pid namespace), and only once its init
+/// has exited is no reader left to see them. Whatever else the holder inherited from the
+/// supervisor's own parent (descriptors that are not close-on-exec) is closed first: it holds
+/// nobody's pipe.
 pub fn hold() -> ! {
-    jail::close_fds_from(2);
+    use std::os::fd::AsFd as _;
+    jail::close_fds_from(3);
     let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+    // A pidfd polls readable once its process has exited.
+    let init = std::io::stderr();
+    let mut fds = [nix::poll::PollFd::new(
+        init.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    while let Err(nix::errno::Errno::EINTR) =
+        nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE)
+    {}
     std::process::exit(0)
 }
 

@@ -380,7 +380,14 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             (Some(n), _, _) => Box::new(r.kernel_served_resolver(n)),
             (None, Some(view), _) => Box::new(r.trees_resolver(view)),
             // Marked before the target is released: its first touch already waits for a fill.
-            (None, None, Some(img)) => Box::new(r.start_lazy(img, !cli.jail.no_jail)?),
+            (None, None, Some(img)) => {
+                // Our child, not yet reaped: the pid names it.
+                let init = (!cli.jail.no_jail)
+                    .then(|| sys::pidfd_open(child.pid))
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("pidfd_open of the jail's init: {e}"))?;
+                Box::new(r.start_lazy(img, init)?)
+            }
             // Notified calls wait in the kernel until the notification thread reads them: the
             // program loads while the realm's cache, runtime and prefetch start.
             (None, None, None) => {

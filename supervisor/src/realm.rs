@@ -458,11 +458,11 @@ impl RealmPlan {
     }
 
     /// Serve `image` (already bound at the prefix): mark it and answer its first touches.
-    /// `detach_teardown`: see [`crate::lazyfs::FillServer::start`].
+    /// `jail_init`: see [`crate::lazyfs::FillServer::start`].
     pub fn start_lazy(
         self,
         image: crate::lazyfs::LazyImage,
-        detach_teardown: bool,
+        jail_init: Option<std::os::fd::OwnedFd>,
     ) -> anyhow::Result<LazyServed> {
         // Completed like a realm served by notification: once every package is installed, the
         // next start mounts the lib dir and the image is no longer needed.
@@ -476,7 +476,7 @@ impl RealmPlan {
             cache.clone(),
             rt.handle().clone(),
             report,
-            detach_teardown,
+            jail_init,
         )
         .map_err(|e| anyhow!("realm {}: {e}", self.opts.realm))?;
         Ok(LazyServed {

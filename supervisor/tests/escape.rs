@@ -7,6 +7,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 const PROFILES: [&str; 2] = ["sigmaos", "permissive"];
 /// The unprivileged user the suite runs as (nobody).
@@ -523,5 +524,75 @@ fn everyday_runs_work_for_root_and_for_an_unprivileged_user() {
         assert_eq!(std::fs::read_to_string(&f).unwrap(), "written");
         let uid = std::fs::metadata(&f).unwrap().uid();
         assert_eq!(uid, if ctx.unprivileged { NOBODY } else { 0 }, "[{ctx:?}]");
+    }
+}
+
+/// A proc (and a child of it in a session of its own) does not outlive its supervisor: killed
+/// with SIGKILL, the supervisor takes the whole jail with it (init's parent-death signal, kept
+/// across its change of uid, then the pid namespace). Asserted on what the processes do: their
+/// heartbeat files stop changing.
+#[test]
+fn a_proc_does_not_outlive_its_killed_supervisor() {
+    use std::io::BufRead as _;
+    for ctx in contexts() {
+        let w = workdir(ctx);
+        let mut child = ctx
+            .command(w.path(), &[], &["outlive"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let n = lines
+                .by_ref()
+                .take(2)
+                .filter(|l| l.as_ref().is_ok_and(|l| l.starts_with("up ")))
+                .count();
+            let _ = tx.send(n);
+            // Drained until every holder of the pipe is gone.
+            for _ in lines {}
+        });
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(30)).ok(),
+            Some(2),
+            "[{ctx:?}] the proc and its child did not start"
+        );
+        let beats = |d: &Path| -> Vec<(String, String)> {
+            let mut v: Vec<_> = std::fs::read_dir(d)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("heartbeat-"))
+                .map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    (name, std::fs::read_to_string(e.path()).unwrap_or_default())
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let start = Instant::now();
+        while beats(w.path()).len() < 2 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "[{ctx:?}] no heartbeat"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let before = beats(w.path());
+        std::thread::sleep(Duration::from_millis(700));
+        assert_eq!(
+            beats(w.path()),
+            before,
+            "[{ctx:?}] the proc still runs after its supervisor was killed"
+        );
     }
 }

@@ -502,7 +502,7 @@ fn a_run_without_a_jail_ends_when_its_program_does() {
 }
 
 #[test]
-fn the_holder_of_a_running_group_holds_only_the_group_and_its_pipe() {
+fn the_holder_of_a_running_group_holds_only_the_group_its_pipe_and_the_jails_init() {
     let s = setup(100_000);
     s.snapshot();
     let o = s.run(
@@ -554,11 +554,13 @@ fn the_holder_of_a_running_group_holds_only_the_group_and_its_pipe() {
     fds.sort();
     assert_eq!(
         fds,
-        ["0", "1"],
-        "the holder keeps only its pipe and the group"
+        ["0", "1", "2"],
+        "the holder keeps only its pipe, the group and the jail's init"
     );
     let group = std::fs::read_link(holder.join("fd/1")).unwrap();
     assert!(group.to_string_lossy().contains("fanotify"), "{group:?}");
+    let init = std::fs::read_link(holder.join("fd/2")).unwrap();
+    assert!(init.to_string_lossy().contains("pidfd"), "{init:?}");
     assert!(child.0.wait().unwrap().success());
 }
 
@@ -810,5 +812,100 @@ print(os.stat('/sigma/lib/six.py').st_size > 0)
     // ended before its install did) filled from its placeholders.
     let o = s.run(false, "import six; print(six.__version__)");
     assert_eq!(stdout(&o), "1.16.0\n", "{}", stderr(&o));
+    assert_lazy(&o);
+}
+
+/// A supervisor killed (SIGKILL) while a reader waits for a fill: the reader never gets the
+/// placeholder's zeros (its jail dies with the supervisor), nothing wrong is left in the image,
+/// and the next run fills the file with the right bytes.
+#[test]
+fn kill_9_of_the_supervisor_during_a_fill_never_gives_zeros_and_the_next_run_fills() {
+    use std::io::Read as _;
+    let s = setup(4 << 20);
+    s.snapshot();
+    // demo_z's archive becomes a FIFO nobody writes: its fill waits in the download.
+    let pkgs = PathBuf::from(s.bucket.strip_prefix("file://").unwrap()).join("sigma-lib/pkgs");
+    let archive = std::fs::read_dir(&pkgs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("demo-z")
+        })
+        .expect("demo_z's archive");
+    let data = std::fs::read(&archive).unwrap();
+    std::fs::remove_file(&archive).unwrap();
+    nix::unistd::mkfifo(&archive, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let code =
+        "d = open('/sigma/lib/demo_z/blob.bin', 'rb').read(); print('read', len(d), d.count(0))";
+    let mut child = interp::supervisor()
+        .env_remove("PYTHONPATH")
+        .args([
+            "--lazy",
+            "--no-prefetch",
+            "--fetch-timeout",
+            "60",
+            "--realm",
+            "r",
+        ])
+        .args(["--bucket", &s.bucket])
+        .arg("--cache-dir")
+        .arg(s.cache())
+        .args(["python3", "-c", code])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The fill opens the FIFO (our open for writing returns then) and gets half the archive:
+    // the blob, last in it, is still missing.
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (fifo_path, half) = (archive.clone(), data[..data.len() / 2].to_vec());
+    std::thread::spawn(move || {
+        use std::io::Write as _;
+        let mut fifo = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&fifo_path)
+            .unwrap();
+        let _ = fifo.write_all(&half);
+        let _ = tx.send(());
+        // Held open (no EOF) until the supervisor is gone.
+        std::thread::sleep(Duration::from_secs(30));
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the fill never read the archive");
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // The reader's stdout ends (every holder of it, the reader first, is gone) without a byte
+    // read: it got neither zeros nor anything else.
+    let mut out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        let _ = tx.send(s);
+    });
+    let printed = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the reader outlived its supervisor");
+    assert!(!printed.contains("read"), "the reader got bytes: {printed}");
+    child.wait().unwrap();
+    // The real archive again.
+    std::fs::remove_file(&archive).unwrap();
+    std::fs::write(&archive, &data).unwrap();
+    let want = s.sha256_of(&s.pkg.join("blob.bin"));
+    let o = s.run(
+        true,
+        "import hashlib; print(hashlib.sha256(open('/sigma/lib/demo_z/blob.bin','rb').read()).hexdigest())",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), want);
     assert_lazy(&o);
 }

@@ -139,6 +139,24 @@ def by_handle(path):
     attempt("open_by_handle_at", lambda: sys_call(304, fd, buf, 0))
 
 
+def outlive():
+    # Keep beating (a file per process in the working directory) in this process and in a
+    # child in a session of its own, for as long as anything lets them.
+    import time
+    if os.fork() == 0:
+        try:
+            os.setsid()
+        except OSError:
+            pass
+    print("up", os.getpid(), flush=True)
+    n = 0
+    while True:
+        with open("heartbeat-%d" % os.getpid(), "w") as f:
+            f.write(str(n))
+        n += 1
+        time.sleep(0.05)
+
+
 def main():
     name, args = sys.argv[1], sys.argv[2:]
     {
@@ -154,6 +172,7 @@ def main():
         "unmount": lambda: unmount(args),
         "by_handle": lambda: by_handle(args[0]),
         "show": lambda: print(open(args[0]).read()),
+        "outlive": outlive,
     }[name]()
     print("attack done")
 
