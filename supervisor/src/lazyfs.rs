@@ -438,6 +438,8 @@ pub struct FillStats {
     pub denied: AtomicU64,
     /// Events for files that were already complete.
     pub present: AtomicU64,
+    /// Installs a fill waits for now (see `Server::fill`).
+    pub installing: std::sync::atomic::AtomicUsize,
 }
 
 /// Answers the pre-content events of one mounted image: one thread reads events and answers
@@ -913,9 +915,11 @@ impl Server {
         }
         let first = p.path.split('/').next().unwrap_or(&p.path);
         drop(file);
-        self.rt
-            .block_on(self.cache.ensure(first))
-            .map_err(FillError::Fetch)?;
+        // Counted while under way: the reader may be released (streamed) before it ends.
+        self.stats.installing.fetch_add(1, Ordering::Relaxed);
+        let ensured = self.rt.block_on(self.cache.ensure(first));
+        self.stats.installing.fetch_sub(1, Ordering::Relaxed);
+        ensured.map_err(FillError::Fetch)?;
         if lock(&self.done).contains(&ino) {
             // Filled from the unpacker while the package streamed in.
             return Ok(());

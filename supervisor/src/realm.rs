@@ -113,6 +113,14 @@ pub struct RealmOpts {
     pub fill_process: FillProcess,
 }
 
+/// The lazy backend's [`fetcher::Placement`]: nothing to tell (its image shows every name).
+struct NoSkeleton;
+
+impl fetcher::Placement for NoSkeleton {
+    fn placed(&self, _pkg: &fetcher::index::Package) {}
+    fn ended(&self, _pkg: &fetcher::index::Package, _result: Result<(), &FetchError>) {}
+}
+
 /// Whether `path` was modified less than `age` ago.
 fn recent(path: &Path, age: std::time::Duration) -> bool {
     std::fs::metadata(path)
@@ -485,6 +493,7 @@ impl RealmPlan {
             stats: server.stats,
             cache,
             from_lib,
+            delegated: self.delegate,
             _rt: rt,
         })
     }
@@ -547,24 +556,37 @@ impl RealmPlan {
         let cache = RealmCache::open(&self.root, &self.opts.realm, store, cfg)
             .with_context(|| format!("realm {}", self.opts.realm))?;
         let cache = Arc::new(cache);
-        if let Some(streams) = streams {
-            // Before any install starts (the prefetch below), so every download streams.
-            streams.attach(&cache);
-            if self.delegate {
-                let weak = Arc::downgrade(streams);
-                cache.set_delegate(Arc::new(crate::fill::FillProcs {
-                    root: self.root.clone(),
-                    realm: self.opts.realm.clone(),
-                    bucket: self.bucket.clone(),
-                    timeout: Duration::from_secs_f64(self.opts.fetch_timeout),
-                    lib: self.lib.clone(),
-                    started: Box::new(move |pkg| {
+        let fill_procs = |started: Box<dyn Fn(&fetcher::index::Package) + Send + Sync>| {
+            Arc::new(crate::fill::FillProcs {
+                root: self.root.clone(),
+                realm: self.opts.realm.clone(),
+                bucket: self.bucket.clone(),
+                timeout: Duration::from_secs_f64(self.opts.fetch_timeout),
+                lib: self.lib.clone(),
+                started,
+            })
+        };
+        match streams {
+            Some(streams) => {
+                // Before any install starts (the prefetch below), so every download streams.
+                streams.attach(&cache);
+                if self.delegate {
+                    let weak = Arc::downgrade(streams);
+                    cache.set_delegate(fill_procs(Box::new(move |pkg| {
                         if let Some(streams) = weak.upgrade() {
                             lock(&streams.get_or_insert(&pkg.name).state).delegated = true;
                         }
-                    }),
-                }));
+                    })));
+                }
             }
+            // The lazy backend's downloads go to fill processes too, so a package a run
+            // started is installed after it (and shown from the lib dir from then on); the
+            // image, not the lib dir, shows its names meanwhile.
+            None if self.delegate => {
+                cache.set_placement(Arc::new(NoSkeleton));
+                cache.set_delegate(fill_procs(Box::new(|_| {})));
+            }
+            None => {}
         }
         let reported = Arc::new(Mutex::new(HashSet::new()));
         // The lazy backend needs no index up front (its image map names every file): the
@@ -694,12 +716,27 @@ pub struct LazyServed {
     cache: Arc<RealmCache>,
     /// Top-level entries shown from the lib dir over the image.
     from_lib: usize,
+    /// Downloads go to fill processes (which finish them on their own).
+    delegated: bool,
     _rt: tokio::runtime::Runtime,
 }
 
 impl Resolver for LazyServed {
     fn lookup<'a>(&'a self, _served: &'a Served, _rest: &Path) -> Lookup<'a> {
         Lookup::Local
+    }
+
+    /// An install this process downloads itself (no fill process: `--fill-process never`, or
+    /// no jail) may still be under way after the target has its files: finished here (at most
+    /// [`FINISH_BOUND`]), so the package is complete for the next run, as with notifications.
+    fn finish(&self) {
+        if self.delegated {
+            return;
+        }
+        let deadline = Instant::now() + FINISH_BOUND;
+        while self.stats.installing.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     fn report(&self) -> Option<String> {
