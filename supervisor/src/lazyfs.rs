@@ -30,6 +30,7 @@
 #![forbid(unsafe_code)]
 
 use fetcher::{Index, RealmCache};
+use nix::fcntl::{Flock, FlockArg};
 use nix::sys::fanotify::{
     EventFFlags, Fanotify, FanotifyEvent, FanotifyResponse, InitFlags, MarkFlags, MaskFlags,
     Response,
@@ -100,7 +101,7 @@ pub struct LazyImage {
     /// ([`entries_from_lib`](Self::entries_from_lib)).
     pub lib_entries: Vec<String>,
     /// The realm's `lazy-users`, locked shared for as long as this process serves the image.
-    users: nix::fcntl::Flock<std::fs::File>,
+    users: Flock<std::fs::File>,
 }
 
 enum Files {
@@ -158,35 +159,10 @@ impl LazyImage {
     ) -> Result<LazyImage, LazyError> {
         // Held (shared) while this run may show the image: no run of the realm once complete
         // retires it meanwhile ([`retire`]). Kept beside, not in, the dir a retire removes.
-        let users_path = realm_dir.join("lazy-users");
-        let users = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&users_path)
-            .map_err(io("open", &users_path))?;
-        let users = nix::fcntl::Flock::lock(users, nix::fcntl::FlockArg::LockShared).map_err(
-            |(_, e)| LazyError::Io {
-                op: "flock",
-                path: users_path.clone(),
-                source: e.into(),
-            },
-        )?;
+        let users = lock_file(&realm_dir.join("lazy-users"), FlockArg::LockShared)?;
         let base = realm_dir.join("lazy");
         std::fs::create_dir_all(&base).map_err(io("create dir", &base))?;
-        let lock_path = base.join("lock");
-        let lock_file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(io("open", &lock_path))?;
-        let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| LazyError::Io {
-                op: "flock",
-                path: lock_path.clone(),
-                source: e.into(),
-            })?;
+        let _lock = lock_file(&base.join("lock"), FlockArg::LockExclusive)?;
         let (img, mnt, map) = (
             base.join(format!("{key}.img")),
             base.join(key),
@@ -351,14 +327,13 @@ pub fn retire(realm_dir: &Path) {
     let Ok(users) = std::fs::File::open(realm_dir.join("lazy-users")) else {
         return;
     };
-    let Ok(_users) = nix::fcntl::Flock::lock(users, nix::fcntl::FlockArg::LockExclusiveNonblock)
-    else {
+    let Ok(_users) = Flock::lock(users, FlockArg::LockExclusiveNonblock) else {
         return;
     };
     let Ok(lock_file) = std::fs::File::open(base.join("lock")) else {
         return;
     };
-    let Ok(_lock) = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive) else {
+    let Ok(_lock) = Flock::lock(lock_file, FlockArg::LockExclusive) else {
         return;
     };
     for e in entries.flatten() {
@@ -377,6 +352,21 @@ pub fn retire(realm_dir: &Path) {
     if let Err(err) = std::fs::remove_dir_all(&base) {
         tracing::debug!(dir = %base.display(), "images not removed: {err}");
     }
+}
+
+/// `path` (created if missing), locked `how`.
+fn lock_file(path: &Path, how: FlockArg) -> Result<Flock<std::fs::File>, LazyError> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(io("open", path))?;
+    Flock::lock(file, how).map_err(|(_, e)| LazyError::Io {
+        op: "flock",
+        path: path.to_owned(),
+        source: e.into(),
+    })
 }
 
 /// Lines `INODE SIZE SHA256 PATH` (paths have no newline: index paths are checked).
@@ -730,7 +720,7 @@ struct Server {
     /// The image's mount, opened (fills write through it).
     root: std::fs::File,
     /// See [`LazyImage::users`].
-    _users: nix::fcntl::Flock<std::fs::File>,
+    _users: Flock<std::fs::File>,
     files: HashMap<u64, Placeholder>,
     /// sha256 → the placeholders with that content.
     by_sha: HashMap<String, Vec<u64>>,
