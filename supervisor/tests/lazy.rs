@@ -546,14 +546,22 @@ fn the_holder_of_a_running_group_holds_only_the_group_its_pipe_and_the_jails_ini
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    let mut fds: Vec<String> = std::fs::read_dir(holder.join("fd"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    fds.sort();
+    // Once it has closed what it inherited (its first step after exec).
+    let fds = || {
+        let mut fds: Vec<String> = std::fs::read_dir(holder.join("fd"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        fds.sort();
+        fds
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fds() != ["0", "1", "2"] && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(
-        fds,
+        fds(),
         ["0", "1", "2"],
         "the holder keeps only its pipe, the group and the jail's init"
     );
