@@ -173,6 +173,8 @@ pub struct RealmPlan {
     pub delegate: bool,
     /// The realm's index snapshot was fetched for this run ([`tree_view`](Self::tree_view)).
     snapshot_fetched: bool,
+    /// Why the lazy backend does not serve this run (for `--stats`).
+    lazy_note: Option<String>,
 }
 
 impl RealmPlan {
@@ -223,6 +225,7 @@ impl RealmPlan {
             realm_dir,
             unreachable: None,
             snapshot_fetched: false,
+            lazy_note: None,
             delegate: false,
         }))
     }
@@ -368,9 +371,20 @@ impl RealmPlan {
     /// notifications): `--lazy=never`, no snapshot from an earlier run, or no image possible
     /// (said on stderr with `--lazy`; with `auto` remembered in the realm's `lazy-unavailable`
     /// for a day, so that runs do not pay for the attempt again).
-    pub fn lazy_image(&self, jailed: bool) -> Option<crate::lazyfs::LazyImage> {
+    pub fn lazy_image(&mut self, jailed: bool) -> Option<crate::lazyfs::LazyImage> {
+        match self.try_lazy_image(jailed) {
+            Ok(img) => Some(img),
+            Err(why) => {
+                self.lazy_note = Some(why);
+                None
+            }
+        }
+    }
+
+    /// [`lazy_image`](Self::lazy_image), or why not (for `--stats`).
+    fn try_lazy_image(&self, jailed: bool) -> Result<crate::lazyfs::LazyImage, String> {
         let loud = match self.opts.lazy {
-            Lazy::Never => return None,
+            Lazy::Never => return Err("off (--lazy=never)".into()),
             Lazy::Always => true,
             Lazy::Auto => false,
         };
@@ -383,23 +397,29 @@ impl RealmPlan {
                     self.opts.realm
                 );
             }
-            return None;
+            return Err("needs root".into());
         }
         // A snapshot fetched for this run (a realm's first): its image would be made on the
         // path of a cold start, which streams faster by notification.
+        let second_run = || "from the realm's second run".to_owned();
         if !loud && self.snapshot_fetched {
-            return None;
+            return Err(second_run());
         }
         let unavailable = self.realm_dir.join("lazy-unavailable");
         if !loud && recent(&unavailable, std::time::Duration::from_secs(24 * 3600)) {
-            return None;
+            let why = std::fs::read_to_string(&unavailable).unwrap_or_default();
+            return Err(format!(
+                "unavailable ({}); tried again after a day, or with --lazy",
+                why.lines().next().unwrap_or("?")
+            ));
         }
         let snapshot = self.realm_dir.join("index.json");
         // The image's name, remembered with the snapshot's identity (written once, by rename):
         // a warm start does not parse the index (~1 ms for numpy).
         let id = std::fs::metadata(&snapshot)
             .ok()
-            .map(|m| format!("{} ", fetcher::cache::identity(&m)))?;
+            .map(|m| format!("{} ", fetcher::cache::identity(&m)))
+            .ok_or_else(second_run)?;
         let key_file = self.realm_dir.join("lazy-key");
         let load = || Index::from_json(&self.bucket, &std::fs::read(&snapshot).ok()?).ok();
         let mut loaded = None;
@@ -410,7 +430,7 @@ impl RealmPlan {
         {
             Some(k) => k,
             None => {
-                let index = load()?;
+                let index = load().ok_or("index snapshot unreadable")?;
                 let k = crate::lazyfs::LazyImage::key_of(&index);
                 // Only an optimisation: a key that cannot be kept is computed again next time.
                 let _ = fetcher::cache::write_renamed(&key_file, format!("{id}{k}\n").as_bytes());
@@ -419,7 +439,7 @@ impl RealmPlan {
             }
         };
         if !jailed && !self.host_mount_point() {
-            return None;
+            return Err("no mount point for the prefix".into());
         }
         let index = || {
             loaded
@@ -446,7 +466,7 @@ impl RealmPlan {
                     }
                     Err(e) => tracing::debug!(error = %e, "installed packages unreadable"),
                 }
-                Some(img)
+                Ok(img)
             }
             Err(e) => {
                 if loud {
@@ -460,7 +480,7 @@ impl RealmPlan {
                                    serving by notification");
                 }
                 let _ = fetcher::cache::write_renamed(&unavailable, format!("{e}\n").as_bytes());
-                None
+                Err(format!("unavailable ({e})"))
             }
         }
     }
@@ -654,6 +674,7 @@ impl RealmPlan {
             }),
             inline_hits: AtomicU64::new(0),
             streamed_hits: AtomicU64::new(0),
+            lazy_note: self.lazy_note,
         })
     }
 }
@@ -868,6 +889,8 @@ pub struct RealmResolver {
     inline_hits: AtomicU64,
     /// Calls answered inline from a package still being downloaded.
     streamed_hits: AtomicU64,
+    /// Why the lazy backend does not serve this run.
+    lazy_note: Option<String>,
 }
 
 /// The fetch runtime of a run served by notification. Dropped, it does not wait for its
@@ -1334,12 +1357,16 @@ impl Resolver for RealmResolver {
     fn report(&self) -> Option<String> {
         let s = self.cache.stats();
         Some(format!(
-            "sigma-supervise realm {} ({}): backend notification: fetched {} packages, {} bytes, \
-             {} GETs; installed {}; cache hits {}; fetch time {:.3} ms; streamed {} files, \
-             {} calls served before their package was complete; {} packages still arriving \
-             (left to their fill processes)\n",
+            "sigma-supervise realm {} ({}): backend notification{}: fetched {} packages, {} \
+             bytes, {} GETs; installed {}; cache hits {}; fetch time {:.3} ms; streamed {} \
+             files, {} calls served before their package was complete; {} packages still \
+             arriving (left to their fill processes)\n",
             self.sh.realm,
             self.sh.bucket,
+            self.lazy_note
+                .as_ref()
+                .map(|n| format!(" (lazy backend: {n})"))
+                .unwrap_or_default(),
             s.packages_fetched,
             s.bytes_fetched,
             s.gets,

@@ -638,7 +638,11 @@ fn by_default_an_incomplete_realm_is_served_lazily_from_its_second_run() {
     let code = "import demo_z; print(demo_z.NAME)";
     let o = s.run(false, code);
     assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
-    assert!(realm_line(&o).contains("backend notification"));
+    let line = realm_line(&o);
+    assert!(
+        line.contains("backend notification (lazy backend: from the realm's second run)"),
+        "{line}"
+    );
     let o = s.run(false, code);
     assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
     assert_lazy(&o);
@@ -654,11 +658,11 @@ fn by_default_an_incomplete_realm_is_served_lazily_from_its_second_run() {
         .unwrap();
     interp::settled(&s.cache());
     assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
-    assert!(realm_line(&o).contains("backend notification"));
+    assert!(realm_line(&o).contains("backend notification (lazy backend: off (--lazy=never))"));
 }
 
 /// Where no image can be made (here: no `mkfs.ext4` on PATH), the default serves by
-/// notification without a word, remembers why in the realm's `lazy-unavailable` and does not
+/// notification without a warning (`--stats` says why), remembers why in the realm's `lazy-unavailable` and does not
 /// try again for a day; `--lazy` tries at once (and says why when it fails).
 #[test]
 fn where_no_image_can_be_made_the_default_falls_back_quietly_and_remembers_it() {
@@ -671,14 +675,28 @@ fn where_no_image_can_be_made_the_default_falls_back_quietly_and_remembers_it() 
     let o = s.cmd(false, code).env("PATH", bin).output().unwrap();
     interp::settled(&s.cache());
     assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
-    assert!(realm_line(&o).contains("backend notification"));
-    assert!(!stderr(&o).contains("lazy"), "{}", stderr(&o));
+    // No warning of its own; `--stats` says why.
+    let line = realm_line(&o);
+    assert!(
+        line.contains("backend notification (lazy backend: unavailable (")
+            && line.contains("mkfs.ext4"),
+        "{line}"
+    );
+    assert!(
+        !stderr(&o).contains("sigma-supervise: realm r:"),
+        "{}",
+        stderr(&o)
+    );
     let marker = s.cache().join("realms/r/lazy-unavailable");
     let why = std::fs::read_to_string(&marker).unwrap();
     assert!(why.contains("mkfs.ext4"), "{why}");
     // Remembered: mkfs.ext4 is back on PATH, and still no attempt.
     let o = s.run(false, code);
-    assert!(realm_line(&o).contains("backend notification"));
+    let line = realm_line(&o);
+    assert!(
+        line.contains("tried again after a day, or with --lazy"),
+        "{line}"
+    );
     assert!(!s.cache().join("realms/r/lazy").read_dir().is_ok_and(
         |mut d| d.any(|e| e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "img")))
     ));

@@ -898,11 +898,12 @@ fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
     let lib = cache.join("realms/r/lib");
     assert_eq!(std::fs::metadata(&lib).unwrap().uid(), 65534);
     // By default (`--lazy=auto`) the incomplete realm's second run is served by notification
-    // without a word about the lazy backend, which needs root.
+    // without a warning about the lazy backend, which needs root (`--stats` says why).
     let out = run(&[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("backend notification") && !stderr(&out).contains("lazy"),
+        stderr(&out).contains("backend notification (lazy backend: needs root)")
+            && !stderr(&out).contains("serving by notification"),
         "{}",
         stderr(&out)
     );
