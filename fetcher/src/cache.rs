@@ -1518,7 +1518,7 @@ fn flock_blocking(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
 }
 
 /// Open (creating if missing) the lock file `path`, to flock.
-fn open_lock(path: &Path) -> Result<std::fs::File> {
+pub fn open_lock(path: &Path) -> Result<std::fs::File> {
     std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

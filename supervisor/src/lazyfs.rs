@@ -11,8 +11,8 @@
 //! image's root, in the kernel), allows the access and adds an ignore mark, after which that file
 //! is ordinary page cache. Packages the realm has installed from the image's archives are shown
 //! from its lib dir over their placeholders (a bind per top-level entry,
-//! [`LazyImage::entries_from_lib`]): nothing installed is copied into the image. A realm once complete is mounted from its lib dir
-//! and its images are detached and removed ([`retire`]).
+//! [`LazyImage::entries_from_lib`]): nothing installed is copied into the image. A realm once
+//! complete is mounted from its lib dir and its images are detached and removed ([`retire`]).
 //! A fill that fails (store down, integrity) answers `FAN_DENY_ERRNO(EIO)`: an error, never
 //! zeros. Files are identified by inode (the map is written when the image is materialised),
 //! never by path, so the same mark serves the jail's bind of the mount.
@@ -204,15 +204,20 @@ impl LazyImage {
             )?;
         }
         let packages_path = base.join(format!("{key}.packages"));
-        let files = if let Some(index) = &index {
+        let (files, packages) = if let Some(index) = &index {
             // mkfs's lost+found would be listed at the prefix (nothing here runs fsck).
             let _ = std::fs::remove_dir(mnt.join("lost+found"));
             let files = materialize(&mnt, index)?;
             // Which archive each package's placeholders stand for: a package installed from the
             // same archive is shown from the realm's lib dir instead (`entries_from_lib`).
+            let packages: HashMap<String, String> = index
+                .packages()
+                .values()
+                .map(|p| (p.name.clone(), p.archive.sha256.clone()))
+                .collect();
             let mut text = String::new();
-            for p in index.packages().values() {
-                text.push_str(&format!("{} {}\n", p.name, p.archive.sha256));
+            for (name, sha) in &packages {
+                text.push_str(&format!("{name} {sha}\n"));
             }
             fetcher::cache::write_renamed(&packages_path, text.as_bytes()).map_err(|e| {
                 LazyError::Io {
@@ -229,9 +234,18 @@ impl LazyImage {
             }
             std::fs::write(&tmp, text).map_err(io("write", &tmp))?;
             std::fs::rename(&tmp, &map).map_err(io("rename", &map))?;
-            Files::Made(files)
+            (Files::Made(files), packages)
         } else {
-            Files::Map(map)
+            // Missing (an image made by an older build): every package is filled into it.
+            let packages = std::fs::read_to_string(&packages_path)
+                .map(|t| {
+                    t.lines()
+                        .filter_map(|l| l.split_once(' '))
+                        .map(|(n, sha)| (n.to_owned(), sha.to_owned()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (Files::Map(map), packages)
         };
         let filled_log = base.join(format!("{key}.filled"));
         if !complete {
@@ -245,15 +259,6 @@ impl LazyImage {
                 return Err(e);
             }
         };
-        // Missing (an image made by an older build): every package is filled into the image.
-        let packages = std::fs::read_to_string(&packages_path)
-            .map(|t| {
-                t.lines()
-                    .filter_map(|l| l.split_once(' '))
-                    .map(|(n, sha)| (n.to_owned(), sha.to_owned()))
-                    .collect()
-            })
-            .unwrap_or_default();
         Ok(LazyImage {
             mnt,
             filled_log,
@@ -354,14 +359,13 @@ pub fn retire(realm_dir: &Path) {
     }
 }
 
-/// `path` (created if missing), locked `how`.
+/// `path` (created if missing: [`fetcher::cache::open_lock`]), locked `how`.
 fn lock_file(path: &Path, how: FlockArg) -> Result<Flock<std::fs::File>, LazyError> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(io("open", path))?;
+    let file = fetcher::cache::open_lock(path).map_err(|e| LazyError::Io {
+        op: "open",
+        path: path.to_owned(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
     Flock::lock(file, how).map_err(|(_, e)| LazyError::Io {
         op: "flock",
         path: path.to_owned(),
