@@ -3,9 +3,10 @@
 //! The realm's index snapshot is materialised as placeholders on a dedicated ext4 image
 //! (`<realm>/lazy/<key>.img`, loop-mounted at `<realm>/lazy/<key>/`): every directory, every
 //! file with its size and no data (sparse). Listing, `stat` and `importlib.metadata`'s directory
-//! scans never leave the kernel and fetch nothing. The mount carries a fanotify filesystem mark
-//! of a pre-content group (`FAN_OPEN_PERM` and `FAN_PRE_ACCESS`: open, read, mmap, execve,
-//! and `lseek(SEEK_DATA)` after an open all wait): a first touch blocks the reader in the kernel
+//! scans never leave the kernel and fetch nothing. The proc's own mount of the image (its
+//! read-only bind at the prefix) carries a fanotify mount mark of its supervisor's pre-content
+//! group (`FAN_OPEN_PERM` and `FAN_PRE_ACCESS`: open, read, mmap, execve, and
+//! `lseek(SEEK_DATA)` after an open all wait): a first touch blocks the reader in the kernel
 //! while [`FillServer`] makes sure the file's package is in the realm cache (the fetcher's single
 //! flight and per-file sha256), copies the verified bytes into the placeholder (through the
 //! image's root, in the kernel), allows the access and adds an ignore mark, after which that file
@@ -15,16 +16,15 @@
 //! complete is mounted from its lib dir and its images are detached and removed ([`retire`]).
 //! A fill that fails (store down, integrity) answers `FAN_DENY_ERRNO(EIO)`: an error, never
 //! zeros. Files are identified by inode (the map is written when the image is materialised),
-//! never by path, so the same mark serves the jail's bind of the mount.
+//! never by path.
 //!
-//! Every supervisor that exposes the image holds its own group and mark, so a reader is never
-//! unwatched while its supervisor lives; concurrent supervisors of a realm fill a file with the
-//! same verified bytes. The end of a group (its marks destroyed: an SRCU grace period, 5-15 ms)
-//! is left to a holder process that exits after the run, so no run waits for it ([`hold`]).
-//! A fill writes through the host mount (the reader's event fd may be on a read-only bind); the
-//! events that raises are allowed at once by every server, which knows a peer by its executable
-//! (a target running this binary could read a placeholder's zeros for itself, never anyone
-//! else's file).
+//! Exactly one process answers a reader's events: its own supervisor, whose mark is on that
+//! proc's mount alone ([`LazyImage::watch`]); a reader is never unwatched while its supervisor
+//! lives, and its jail dies with that supervisor. Supervisors of a realm that fill the same
+//! file take turns (a lock on the placeholder), and the second finds it complete. Fills write
+//! through the host mount, which no group watches. The end of a group (its marks destroyed: an
+//! SRCU grace period, 5-15 ms) is left to a holder process that exits after the run, so no run
+//! waits for it ([`hold`]).
 //! Needs `CAP_SYS_ADMIN` in the initial namespace (mount, fanotify); without it the
 //! notification path serves the realm.
 #![forbid(unsafe_code)]
@@ -92,8 +92,8 @@ pub struct LazyImage {
     /// Inode number → placeholder, or where that map is kept (read by the fill server's
     /// thread, off the target's start).
     files: Files,
-    /// The pre-content group with its mark on the image's filesystem, and the mount's root
-    /// ([`mark`]).
+    /// The pre-content group (its mark is added by [`watch`](Self::watch)), and the mount's
+    /// root ([`mark`]).
     group: (Fanotify, std::fs::File),
     /// Package → the archive its placeholders stand for.
     packages: HashMap<String, String>,
@@ -283,6 +283,39 @@ impl LazyImage {
             .cloned()
             .collect()
     }
+
+    /// Mark the proc's own mount of the image: `prefix` as process `pid` sees it (the jail's
+    /// init, or the target itself without a jail), once its view is built and before its
+    /// program runs. Only that proc's readers wait on this group and only this supervisor
+    /// answers them; fills write through the host mount, which nobody watches; another
+    /// supervisor of the realm watches its own proc's mount.
+    pub fn watch(&self, pid: i32, prefix: &Path) -> Result<(), LazyError> {
+        let (fan, root) = &self.group;
+        let path = Path::new("/proc")
+            .join(pid.to_string())
+            .join("root")
+            .join(prefix.strip_prefix("/").unwrap_or(prefix));
+        // Set up by the jail (or the child) alone; the proc has not run yet.
+        let seen = std::fs::File::open(&path).map_err(io("open", &path))?;
+        let (a, b) = (
+            seen.metadata().map_err(io("stat", &path))?,
+            root.metadata().map_err(io("stat", &self.mnt))?,
+        );
+        if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+            return Err(LazyError::Io {
+                op: "watch",
+                path,
+                source: std::io::Error::other("not the image's root"),
+            });
+        }
+        fan.mark(
+            MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_MOUNT,
+            mask(),
+            &seen,
+            None::<&Path>,
+        )
+        .map_err(|source| LazyError::Fanotify { op: "mark", source })
+    }
 }
 
 /// `e` is one normal path component (`numpy`, `six.py`): not empty, `.`, `..` or a path.
@@ -295,25 +328,30 @@ fn one_name(e: &str) -> bool {
         )
 }
 
-/// A pre-content group with a filesystem mark on `mnt`'s filesystem, and `mnt` opened: made
-/// before the image is shown to anyone, so a kernel without pre-content events (before 6.14)
-/// or a filesystem that refuses them is found while the realm can still be served otherwise.
+/// A pre-content group, and `mnt` opened. Made before the image is shown to anyone, so a
+/// kernel without pre-content events (before 6.14) or a filesystem that refuses them is found
+/// while the realm can still be served otherwise: a mount mark on `mnt` is added and removed
+/// at once. The group's only lasting mark is on the proc's own mount of the image
+/// ([`LazyImage::watch`]), made once that mount exists.
 fn mark(mnt: &Path) -> Result<(Fanotify, std::fs::File), LazyError> {
-    // Read-only event fds: the reader's path may be a read-only bind. Fills write through
-    // the host mount; the events those writes raise come from this process and are allowed.
+    // Read-only event fds: the reader's path is a read-only bind.
     let fan = Fanotify::init(
         InitFlags::FAN_CLASS_PRE_CONTENT | InitFlags::FAN_CLOEXEC,
         EventFFlags::O_RDONLY | EventFFlags::O_LARGEFILE,
     )
     .map_err(|source| LazyError::Fanotify { op: "init", source })?;
     let root = std::fs::File::open(mnt).map_err(io("open", mnt))?;
-    fan.mark(
-        MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
-        mask(),
-        &root,
-        None::<&Path>,
-    )
-    .map_err(|source| LazyError::Fanotify { op: "mark", source })?;
+    let probe = |flags| {
+        fan.mark(
+            flags | MarkFlags::FAN_MARK_MOUNT,
+            mask(),
+            &root,
+            None::<&Path>,
+        )
+        .map_err(|source| LazyError::Fanotify { op: "mark", source })
+    };
+    probe(MarkFlags::FAN_MARK_ADD)?;
+    probe(MarkFlags::FAN_MARK_REMOVE)?;
     Ok((fan, root))
 }
 
@@ -665,9 +703,6 @@ impl Server {
             boot,
             waiting: Mutex::new(HashMap::new()),
             report,
-            me: std::process::id() as i32,
-            exe: std::fs::read_link("/proc/self/exe").ok(),
-            peers: Mutex::new(HashMap::new()),
         });
         // Stream: a reader waiting for a file is released as soon as the unpacker has verified
         // that file, not when its whole package is installed.
@@ -739,11 +774,6 @@ struct Server {
     /// Inode being filled → the events (readers) waiting for it.
     waiting: Mutex<HashMap<u64, Vec<FanotifyEvent>>>,
     report: Arc<dyn Fn(&fetcher::FetchError) + Send + Sync>,
-    me: i32,
-    /// This binary, to recognise the fills of other supervisors.
-    exe: Option<PathBuf>,
-    /// Pid → whether it runs this binary (pids of targets are asked once).
-    peers: Mutex<HashMap<i32, bool>>,
 }
 
 /// Why a fill failed: the reader gets EIO either way.
@@ -757,20 +787,6 @@ impl Server {
         if let Err(e) = self.fan.write_response(FanotifyResponse::new(fd, response)) {
             tracing::warn!(error = %e, "fanotify response failed");
         }
-    }
-
-    /// Whether `pid` is this process or another process running this supervisor binary.
-    fn is_fill_server(&self, pid: i32) -> bool {
-        if pid == self.me {
-            return true;
-        }
-        if let Some(&known) = lock(&self.peers).get(&pid) {
-            return known;
-        }
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-        let peer = exe.is_some() && exe == self.exe;
-        lock(&self.peers).insert(pid, peer);
-        peer
     }
 
     fn run(&self, fills: std::sync::mpsc::Sender<u64>) {
@@ -793,12 +809,6 @@ impl Server {
             };
             for ev in events {
                 let Some(fd) = ev.fd() else { continue };
-                if self.is_fill_server(ev.pid()) {
-                    // A fill or check by this or another supervisor of the image (each has its
-                    // own group and mark): never make one server wait for another.
-                    self.respond(fd, Response::FAN_ALLOW);
-                    continue;
-                }
                 let Ok(st) = nix::sys::stat::fstat(fd) else {
                     self.respond(fd, deny_eio());
                     continue;
@@ -925,13 +935,22 @@ impl Server {
 
     /// Copy verified bytes from `src` into the placeholder (through the image's root), in the
     /// kernel (`sendfile`: the image and the store are different filesystems).
+    /// Another supervisor of the realm may fill the same file for its own proc at the same
+    /// time: one fill of a file at a time (a lock on the placeholder), and the second finds
+    /// the file complete (its hash checked) and copies nothing.
     fn fill_from(&self, p: &Placeholder, src: &Path) -> std::io::Result<()> {
-        use std::io::Read as _;
+        use std::io::{Read as _, Seek as _};
         let src = std::fs::File::open(src)?;
         if src.metadata()?.len() != p.size {
             return Err(std::io::Error::other("verified file has another size"));
         }
-        let mut file = self.open(p, nix::fcntl::OFlag::O_WRONLY)?;
+        let mut file = self.open(p, nix::fcntl::OFlag::O_RDWR)?;
+        file.lock()?;
+        if content_matches(&file, p)? {
+            self.stats.present.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        file.rewind()?;
         let n = std::io::copy(&mut src.take(p.size), &mut file)?;
         if n != p.size {
             return Err(std::io::Error::other(

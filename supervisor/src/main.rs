@@ -381,7 +381,10 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             (None, Some(view), _) => Box::new(r.trees_resolver(view)),
             // Marked before the target is released: its first touch already waits for a fill.
             (None, None, Some(img)) => {
-                // Our child, not yet reaped: the pid names it.
+                // The child's view is built (it waits to be released): mark the proc's mount of
+                // the image. Our child, not yet reaped: the pid names it.
+                img.watch(child.pid, &r.opts.lib_prefix)
+                    .map_err(|e| anyhow::anyhow!("realm {}: lazy backend: {e}", r.opts.realm))?;
                 let init = (!cli.jail.no_jail)
                     .then(|| sys::pidfd_open(child.pid))
                     .transpose()

@@ -163,33 +163,18 @@ fn placeholders_are_visible_before_any_fetch_and_every_read_gets_real_bytes() {
     assert_eq!(counter(&line, "fetched "), 0, "{line}");
     assert_eq!(counter(&line, "filled "), 0, "{line}");
 
-    // `cp` on the host through the image while a supervisor serves it: real bytes (cp's
-    // SEEK_DATA probing of a sparse file raises no event of its own; the open does).
-    let mut keeper = s
-        .cmd(true, "import time; time.sleep(3)")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
-    let img = std::fs::read_dir(s.cache().join("realms/r/lazy"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.is_dir())
-        .unwrap();
-    let copy = s.tmp.path().join("cp-copy");
-    let st = Command::new("cp")
-        .arg(img.join("demo_z/sub/mod.py"))
-        .arg(&copy)
-        .status()
-        .unwrap();
-    keeper.wait().unwrap();
-    assert!(st.success());
-    assert_eq!(
-        std::fs::read(&copy).unwrap(),
-        std::fs::read(s.pkg.join("sub/mod.py")).unwrap()
+    // `cp` in the proc: real bytes (cp's SEEK_DATA probing of a sparse file raises no event of
+    // its own; the open does).
+    let o = s.run(
+        true,
+        "import subprocess, sys; subprocess.run(['cp', '/sigma/lib/demo_z/sub/mod.py', '/tmp/c'], check=True); sys.stdout.write(open('/tmp/c').read())",
     );
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(
+        stdout(&o),
+        std::fs::read_to_string(s.pkg.join("sub/mod.py")).unwrap()
+    );
+    assert_lazy(&o);
     let want = s.sha256_of(&s.pkg.join("blob.bin"));
     // Import, mmap of a file never read before, shutil.copy of another: real bytes everywhere, no
     // notification for any read (--stats keeps only the proc's own writes into /tmp notified,
@@ -359,7 +344,7 @@ fn sixteen_concurrent_procs_make_one_download() {
                 .unwrap()
         })
         .collect();
-    let mut downloads = 0;
+    let (mut downloads, mut filled, mut touched) = (0, 0, Vec::new());
     for c in children {
         let o = c.wait_with_output().unwrap();
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -367,8 +352,65 @@ fn sixteen_concurrent_procs_make_one_download() {
         let line = realm_line(&o);
         assert!(line.contains("backend lazy"), "{line}");
         downloads += counter(&line, "fetched ");
+        filled += counter(&line, "filled ");
+        // Each run answers the first touch of every file its proc reads, once.
+        touched.push(counter(&line, "filled ") + counter(&line, "already present "));
     }
     assert_eq!(downloads, 1, "one download across 16 supervisors");
+    assert!(
+        touched.iter().all(|&t| t == touched[0] && t > 0),
+        "{touched:?}"
+    );
+    assert_eq!(
+        filled, touched[0],
+        "each file copied into the image once across 16 supervisors"
+    );
+}
+
+#[test]
+fn a_supervisor_answers_only_its_own_procs_first_touches() {
+    let s = setup(500_000);
+    s.snapshot();
+    // A keeps its proc (and its group) alive, touching nothing, while B's proc reads.
+    let mut a = s
+        .cmd(
+            true,
+            "import sys; print('up', flush=True); sys.stdin.read()",
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut up = String::new();
+    use std::io::BufRead as _;
+    std::io::BufReader::new(a.stdout.as_mut().unwrap())
+        .read_line(&mut up)
+        .unwrap();
+    assert_eq!(up, "up\n");
+    let b = s.run(
+        true,
+        "import demo_z; print(len(open(demo_z.__path__[0] + '/blob.bin', 'rb').read()))",
+    );
+    assert_eq!(stdout(&b).trim(), "500000");
+    let line_b = realm_line(&b);
+    assert!(line_b.contains("backend lazy"), "{line_b}");
+    assert!(counter(&line_b, "filled ") >= 2, "{line_b}");
+    drop(a.stdin.take());
+    let a = a.wait_with_output().unwrap();
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    let line_a = realm_line(&a);
+    assert!(line_a.contains("backend lazy"), "{line_a}");
+    // B's proc's reads went to B's group alone: A saw no event of them.
+    assert_eq!(
+        (
+            counter(&line_a, "filled "),
+            counter(&line_a, "already present "),
+            counter(&line_a, "denied ")
+        ),
+        (0, 0, 0),
+        "{line_a}"
+    );
 }
 
 /// The pids of processes whose fanotify group marks the filesystem with (kernel) device `dev`.
