@@ -19,7 +19,8 @@
              default from a realm's second run, forced here with --lazy (goal <= 1.10x bare)
   partial 2nd  a new realm's second run on the partial side's cache (its first run untimed):
              the run in which a root supervisor's default makes the realm's lazy image
-             (`partial 2nd never`: the same with --lazy=never)
+             (`partial 2nd never`: the same with --lazy=never; with --baseline also
+             `partial 2nd base`)
   A cold run's download goes on in a fill process after the run has exited: each side's
   time is the run's, its CPU includes the fill processes', and the script waits for them
   before the next side and reports when the install ended too.
@@ -375,21 +376,29 @@ def main() -> None:
                                   lambda: run(supervised(partial_lazy, "s3://libs2", lazy=True,
                                                          partial=True), env=aws)))
 
-                def second_run(realm: str, default: bool) -> float:
+                def second_run(realm: str, default: bool, base: bool = False) -> float:
                     # A new realm on the partial cache (numpy in the store, six never fetched):
                     # its first run untimed (notification; numpy linked from the store), then
                     # its second, timed: where the default makes the realm's lazy image.
-                    cmd = supervised(partial, "s3://libs2", realm=realm, partial=True,
-                                     default=default)
-                    run(cmd, env=aws)
+                    if base:
+                        cmd = supervised(partial_lazy_base, "s3://libs2", realm=realm,
+                                         partial=True, default=default, binary=args.baseline)
+                        env = base_env(aws)
+                    else:
+                        cmd = supervised(partial, "s3://libs2", realm=realm, partial=True,
+                                         default=default)
+                        env = aws
+                    run(cmd, env=env)
                     settle()
                     os.sync()
-                    return run(cmd, env=aws)
+                    return run(cmd, env=env)
 
                 sides.append(side("partial 2nd", lambda: second_run(f"second-{i}", True)))
                 sides.append(side("partial 2nd never",
                                   lambda: second_run(f"second-never-{i}", False)))
                 if args.baseline:
+                    sides.append(side("partial 2nd base",
+                                      lambda: second_run(f"second-base-{i}", True, base=True)))
                     sides.append(side("partial lazy base", lambda: run(
                         supervised(partial_lazy_base, "s3://libs2", lazy=True, partial=True,
                                    binary=args.baseline), env=base_env(aws))))
@@ -433,7 +442,7 @@ def main() -> None:
         goals = [("cold", "uv cold", 0.5), ("cold", "uv warm", None), ("cold", "pip", None),
                  ("new realm", "bare", 1.2), ("warm", "bare", 1.05), ("partial", "bare", None),
                  ("partial lazy", "bare", 1.10), ("partial 2nd", "partial 2nd never", None),
-                 ("partial 2nd", "bare", None), ("cold", "cold base", None),
+                 ("partial 2nd", "bare", None), ("partial 2nd", "partial 2nd base", None), ("cold", "cold base", None),
                  ("new realm", "new realm base", None), ("new realm base", "bare", None),
                  ("warm base", "bare", None), ("partial lazy base", "bare", None),
                  ("partial lazy", "partial lazy base", None),
