@@ -38,8 +38,12 @@ AT_FDCWD = -100
 if call == "stat-abs":
     path = exe.encode()
 elif call == "stat-rel":
+    # After a chdir: the cwd is read from /proc for every relative path.
     os.chdir(os.path.dirname(exe))
     path = os.path.basename(exe).encode()
+elif call == "stat-rel-start":
+    # Relative to the cwd the run started in (a directory under /var/tmp): no chdir.
+    path = b"f"
 elif call == "open-abs":
     path = exe.encode()
 else:
@@ -67,7 +71,7 @@ loop(n)
 print((time.perf_counter_ns() - t0) / n / 1000)
 """
 
-CALLS = ["stat-abs", "stat-rel", "open-abs"]
+CALLS = ["stat-abs", "stat-rel", "stat-rel-start", "open-abs"]
 
 
 def main() -> None:
@@ -86,6 +90,10 @@ def main() -> None:
         sys.exit(f"bench-notify: {sup} not found; run `scripts/build`")
     py = real_python()
     served = tempfile.TemporaryDirectory(prefix="bench-notify-serve-")
+    # Every run starts here (the jail shows it as a bind at the same path, on its read-only
+    # root): `stat-rel-start`'s file.
+    start = tempfile.TemporaryDirectory(prefix="bench-notify-cwd-", dir="/var/tmp")
+    Path(start.name, "f").write_text("f\n")
     extra = args.extra.split()
     configs = [
         ("bare", []),
@@ -105,7 +113,7 @@ def main() -> None:
             order = configs[r % len(configs):] + configs[:r % len(configs)]
             for name, prefix in order:
                 out = subprocess.run([*prefix, py, "-c", PROGRAM, call, str(args.n)],
-                                     capture_output=True, text=True)
+                                     capture_output=True, text=True, cwd=start.name)
                 if out.returncode != 0:
                     sys.exit(f"bench-notify: {name} {call} exited {out.returncode}: {out.stderr}")
                 results[call][name].append(float(out.stdout.strip().splitlines()[-1]))

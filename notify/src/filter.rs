@@ -137,6 +137,15 @@ impl FilterSpec {
         rules.all(|r| r.action == Action::Allow && r.when.is_empty())
     }
 
+    /// Whether no call of `name` runs without the supervisor hearing of it: every rule for it
+    /// notifies or refuses, and so does the default, unless an unconditional rule stands in
+    /// for it.
+    pub fn never_silent(&self, name: &str) -> bool {
+        let rules = || self.rules.iter().filter(|r| r.name == name);
+        rules().all(|r| r.action != Action::Allow)
+            && (rules().any(|r| r.when.is_empty()) || self.default != Action::Allow)
+    }
+
     /// Validate names and build the BPF program (libseccomp export).
     ///
     /// A rule whose action equals the default action is redundant and skipped (libseccomp

@@ -56,6 +56,23 @@ pub struct ProcView {
     /// Slot replaced next once `dirs` is full.
     next: usize,
     bufs: Bufs,
+    /// Every change of a target's cwd is notified ([`ProcView::set_cwd_changes_seen`]).
+    cwd_seen: bool,
+    /// A target has changed (or is about to change) its cwd ([`ProcView::cwd_changes`]).
+    cwd_moved: bool,
+    start_cwd: StartCwd,
+}
+
+/// The cwd every target starts with, while no target has changed its own.
+#[derive(Default)]
+enum StartCwd {
+    /// Not read yet.
+    #[default]
+    Unknown,
+    /// Normalised, in the targets' view.
+    Known(Vec<u8>),
+    /// Its name could change without a notification: always read from /proc.
+    Unusable,
 }
 
 #[derive(Default)]
@@ -149,8 +166,35 @@ impl ProcView {
         self.bufs.root_known = false;
     }
 
+    /// Declare that no target can change its cwd without a notification that reaches
+    /// [`cwd_changes`](Self::cwd_changes) first (chdir and fchdir notified or refused; the root
+    /// fixed, see [`set_root_fixed`](Self::set_root_fixed)). Until a target changes its cwd,
+    /// every target's cwd is the one they all started with (they descend from one process,
+    /// and nothing else moves a cwd), so a path relative to it costs no /proc look-up once it
+    /// has been read, where its name cannot change either: a mount root (which cannot be
+    /// renamed) whose mount point lies on the targets' read-only root.
+    pub fn set_cwd_changes_seen(&mut self, seen: bool) {
+        self.cwd_seen = seen;
+    }
+
+    /// A target is about to change its cwd (its chdir or fchdir is being decided): from now on
+    /// every cwd is read from /proc. Called before that call is answered, so no cwd can differ
+    /// from the start cwd while it is used.
+    pub fn cwd_changes(&mut self) {
+        self.cwd_moved = true;
+        self.start_cwd = StartCwd::Unknown;
+    }
+
+    /// Whether a target's cwd is the start cwd, already read: it is none of the supervisor's
+    /// served directories then (those are reached only through an injected fd, by fchdir).
+    pub fn cwd_is_start(&self) -> bool {
+        !self.cwd_moved && matches!(self.start_cwd, StartCwd::Known(_))
+    }
+
     /// [`absolute`] into `out` (replacing its contents): an absolute `path` costs no system
-    /// call; a relative one reads the base directory's and the root's links from /proc.
+    /// call; a relative one reads the base directory's and the root's links from /proc (the
+    /// cwd only until the start cwd is known, see
+    /// [`set_cwd_changes_seen`](Self::set_cwd_changes_seen)).
     pub fn absolute_into(
         &mut self,
         pid: u32,
@@ -170,6 +214,12 @@ impl ProcView {
         }
         if dirfd != libc::AT_FDCWD && dirfd < 0 {
             return Err(Errno::EBADF);
+        }
+        if dirfd == libc::AT_FDCWD && !self.cwd_moved {
+            if let StartCwd::Known(base) = &self.start_cwd {
+                join_normalized_into(base, path, out);
+                return Ok(());
+            }
         }
         let name = ProcName::new(dirfd);
         self.with_dir(pid, |proc, bufs| {
@@ -199,8 +249,49 @@ impl ProcView {
             strip_root_into(&bufs.root, &bufs.link, &mut bufs.root_norm, &mut bufs.base);
             Ok(())
         })?;
+        if dirfd == libc::AT_FDCWD
+            && self.cwd_seen
+            && self.bufs.root_fixed
+            && !self.cwd_moved
+            && matches!(self.start_cwd, StartCwd::Unknown)
+        {
+            self.start_cwd = match self.name_is_fixed(pid) {
+                Ok(true) => StartCwd::Known(self.bufs.base.clone()),
+                _ => StartCwd::Unusable,
+            };
+        }
         join_normalized_into(&self.bufs.base, path, out);
         Ok(())
+    }
+
+    /// Whether the name of `pid`'s cwd (`bufs.base`, just read) can change only by a change of
+    /// cwd: it is the root, or a mount root (rename refuses it) whose mount point lies on the
+    /// root's mount, which is read-only (nothing above it can be renamed).
+    fn name_is_fixed(&mut self, pid: u32) -> Result<bool, Errno> {
+        if self.bufs.base.as_slice() == b"/" {
+            return Ok(true);
+        }
+        self.with_dir(pid, |proc, _| {
+            let mnt = libc::STATX_MNT_ID;
+            let cwd = sys::statx_at(proc, c"cwd", 0, mnt)?;
+            let mount_root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+            if cwd.stx_attributes_mask & mount_root == 0 || cwd.stx_attributes & mount_root == 0 {
+                return Ok(false);
+            }
+            let parent = sys::statx_at(proc, c"cwd/..", 0, mnt)?;
+            let root = sys::statx_at(proc, c"root", 0, mnt)?;
+            if parent.stx_mnt_id != root.stx_mnt_id {
+                return Ok(false);
+            }
+            let root = nix::fcntl::openat(
+                proc,
+                c"root",
+                OFlag::O_PATH | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )?;
+            let fs = nix::sys::statvfs::fstatvfs(&root)?;
+            Ok(fs.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+        })
     }
 
     /// The mount id of what the target's `dirfd` (its cwd for AT_FDCWD) refers to.

@@ -175,7 +175,6 @@ const EVERYDAY_ALLOWED: &[&str] = &[
     "fallocate",
     "copy_file_range",
     "fstatfs",
-    "fchdir",
     "eventfd2",
     "memfd_create",
     "pselect6",
@@ -458,9 +457,11 @@ fn sigmaos_refuses_in_the_kernel_and_audit_brings_the_log_back() {
 #[test]
 fn sigmaos_filter_spec_allows_or_notifies_table_3_1() {
     let mut p = sigmaos();
+    // fchdir has no path: notified so path resolution knows a cwd changed.
     let mut want: Vec<String> = PATH_CALLS
         .iter()
         .chain(&SOCKET_PATH_CALLS)
+        .chain(&["fchdir"])
         .map(|s| s.to_string())
         .collect();
     want.sort();
@@ -628,6 +629,10 @@ fn sigmaos_additions_for_ordinary_programs() {
         assert_eq!(e.action, SyscallAction::Notify, "{name}");
         assert_eq!(e.origin, Some(Origin::Addition), "{name}");
     }
+    // Changes the cwd by fd: notified (always continued) so path resolution knows.
+    let e = entry(&p, "fchdir");
+    assert_eq!(e.action, SyscallAction::Notify);
+    assert_eq!(e.origin, Some(Origin::Addition));
     // Extended attributes: "not supported", in the kernel (shutil tolerates it).
     for name in [
         "getxattr",

@@ -54,6 +54,7 @@ struct Entry {
     sendmsg_allowed: bool,
     execve_allowed: bool,
     root_fixed: bool,
+    cwd_seen: bool,
 }
 
 /// Load `opts.profile` and compile it, from the cache under `root` when an entry for exactly
@@ -72,6 +73,8 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
     let root_fixed = policy.root_is_fixed();
     policy.set_root_fixed(root_fixed);
     let spec = policy.filter_spec(elide);
+    let cwd_seen = cwd_changes_seen(&spec);
+    policy.set_cwd_changes_seen(cwd_seen);
     let sendmsg_allowed = spec.allows_outright("sendmsg");
     let execve_allowed = spec.allows_outright("execve");
     let filter = spec.compile().context("compiling the seccomp filter")?;
@@ -89,6 +92,7 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
             sendmsg_allowed,
             execve_allowed,
             root_fixed,
+            cwd_seen,
         };
         if let Err(e) = write(f, &entry) {
             tracing::debug!("not caching the compiled profile at {}: {e:#}", f.display());
@@ -106,6 +110,14 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
     })
 }
 
+/// Whether the filter lets no target change its cwd unheard (chdir and fchdir notified or
+/// refused): see [`notify::path::ProcView::set_cwd_changes_seen`].
+fn cwd_changes_seen(spec: &notify::FilterSpec) -> bool {
+    ["chdir", "fchdir"]
+        .into_iter()
+        .all(|n| spec.never_silent(n))
+}
+
 fn policy_of(opts: &Options, profile: policies::Profile) -> anyhow::Result<(Policy, bool)> {
     let mut policy = Policy::from_profile(profile, opts.serves, opts.audit)?;
     // In the σcontainer's PID namespace signals reach only the proc's own tree (the kernel's
@@ -119,6 +131,7 @@ fn policy_of(opts: &Options, profile: policies::Profile) -> anyhow::Result<(Poli
 fn from_entry(opts: &Options, entry: Entry) -> anyhow::Result<Compiled> {
     let (mut policy, elide) = policy_of(opts, entry.profile)?;
     policy.set_root_fixed(entry.root_fixed);
+    policy.set_cwd_changes_seen(entry.cwd_seen);
     let filter = CompiledFilter::from_bytes(&hex::decode(&entry.filter)?)?;
     let guard = match (&entry.guard, opts.jailed) {
         (Some(g), true) => Some(jail::guard::Guard::from_program(

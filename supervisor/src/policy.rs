@@ -21,6 +21,8 @@ pub struct Policy {
     read_only_hints: bool,
     /// [`Policy::root_is_fixed`] as the compiled-profile cache recorded it.
     root_fixed: Option<bool>,
+    /// See [`Policy::cwd_changes_seen`].
+    cwd_seen: bool,
 }
 
 /// A decision for one resolved path.
@@ -117,6 +119,7 @@ impl Policy {
             jailed: true,
             read_only_hints: false,
             root_fixed: None,
+            cwd_seen: false,
         })
     }
 
@@ -255,6 +258,16 @@ impl Policy {
     /// filter spec twice).
     pub fn set_root_fixed(&mut self, fixed: bool) {
         self.root_fixed = Some(fixed);
+    }
+
+    /// Whether the compiled filter lets no target change its cwd without a notification
+    /// (recorded with the filter; false until then).
+    pub fn cwd_changes_seen(&self) -> bool {
+        self.cwd_seen
+    }
+
+    pub fn set_cwd_changes_seen(&mut self, seen: bool) {
+        self.cwd_seen = seen;
     }
 
     fn root_fixed_by_spec(&self) -> bool {

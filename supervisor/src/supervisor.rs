@@ -52,6 +52,8 @@ pub struct Shared {
     pub hints: Option<crate::readonly::Hints>,
     /// No target can change its root: path resolution reads it once.
     root_fixed: bool,
+    /// No target can change its cwd unheard (see `Policy::cwd_changes_seen`).
+    cwd_seen: bool,
     /// The proc's process tree (signals without a jail are confined to it).
     tree: Tree,
     /// Abstract socket names the proc bound (without a jail, the only ones it may connect to).
@@ -167,7 +169,7 @@ fn receive_loop(sh: Arc<Shared>, pin_cpu: Option<usize>) {
         }
     }
     let mut st = LoopState {
-        info: CallInfo::new(sh.root_fixed),
+        info: CallInfo::new(sh.root_fixed, sh.cwd_seen),
         refused_logged: vec![false; MAX_SYSCALL],
     };
     loop {
@@ -402,6 +404,7 @@ pub fn supervise(
         listener,
         read_paths: trace.is_some() || policy.has_path_rules(),
         root_fixed: policy.root_is_fixed(),
+        cwd_seen: policy.cwd_changes_seen(),
         policy,
         resolver,
         deferred: Deferred::default(),

@@ -303,6 +303,102 @@ print("exec", err(lambda: subprocess.run(["/sigma/lib/servedpkg/tool.sh"])))
     );
 }
 
+#[test]
+fn paths_relative_to_the_cwd_follow_every_change_of_cwd() {
+    // The supervisor resolves paths relative to the start cwd without /proc until some target
+    // changes a cwd (chdir, fchdir, in any process): each step below would be decided on the
+    // wrong path if it kept doing so.
+    let lib = tempfile::tempdir().unwrap();
+    let pkg = lib.path().join("servedpkg");
+    std::fs::create_dir(&pkg).unwrap();
+    std::fs::write(pkg.join("inner.py"), "SERVED\n").unwrap();
+    // Not under /tmp: the jail's /tmp is a writable tmpfs, where the cwd's mount point could be
+    // renamed, so a cwd there is always read from /proc. Under /var/tmp the jail shows the cwd
+    // (a bind) on its read-only root: the start cwd is resolved without /proc.
+    let work = tempfile::tempdir_in("/var/tmp").unwrap();
+    std::fs::write(work.path().join("inner.py"), "LOCAL\n").unwrap();
+    let shadow = work.path().join("sigma/lib/servedpkg");
+    std::fs::create_dir_all(&shadow).unwrap();
+    std::fs::write(shadow.join("inner.py"), "SHADOW\n").unwrap();
+    let trace = lib.path().join("trace.txt");
+    let w = work.path().display().to_string();
+    let code = format!(
+        r#"
+import os, subprocess
+def rd(p):
+    try:
+        return open(p).read().strip()
+    except OSError as e:
+        return type(e).__name__
+print("start", rd("inner.py"), rd("sigma/lib/servedpkg/inner.py"))
+subprocess.run(["python3", "-c", "import os; os.chdir('/'); print('child', open('sigma/lib/servedpkg/inner.py').read().strip())"], check=True)
+print("parent", rd("inner.py"))
+os.chdir("/")
+print("root", rd("sigma/lib/servedpkg/inner.py"))
+os.chdir("{w}")
+print("back", rd("inner.py"))
+os.fchdir(os.open("/sigma/lib/servedpkg", os.O_RDONLY | os.O_DIRECTORY))
+print("fchdir", rd("inner.py"))
+"#
+    );
+    let serve = format!("/sigma/lib={}", lib.path().display());
+    let o = run(sup()
+        .current_dir(work.path())
+        .arg(format!("--trace={}", trace.display()))
+        .args(["--serve", &serve, "python3", "-c", &code]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "start LOCAL SHADOW\nchild SERVED\nparent LOCAL\nroot SERVED\nback LOCAL\nfchdir SERVED\n"
+    );
+    // And each was decided on the path the kernel would open.
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let opens: Vec<(String, String)> = text
+        .lines()
+        .map(|l| l.split('\t').collect::<Vec<_>>())
+        .filter(|f| f[1] == "openat" && f[2].ends_with("/inner.py"))
+        .map(|f| (f[2].to_owned(), f[3].to_owned()))
+        .collect();
+    let local = format!("{w}/inner.py");
+    let served = "/sigma/lib/servedpkg/inner.py".to_owned();
+    let want = [
+        (local.clone(), "continue"),
+        (format!("{w}/sigma/lib/servedpkg/inner.py"), "continue"),
+        (served.clone(), "serve"),
+        (local.clone(), "continue"),
+        (served, "serve"),
+        (local, "continue"),
+    ];
+    assert_eq!(opens.len(), want.len() + 1, "{opens:?}");
+    for (got, (path, d)) in opens.iter().zip(&want) {
+        assert_eq!(
+            (got.0.as_str(), got.1.as_str()),
+            (path.as_str(), *d),
+            "{opens:?}"
+        );
+    }
+    // Relative to the served directory it changed into (its path is the served clone's).
+    assert_eq!(opens[want.len()].1, "serve", "{opens:?}");
+
+    // fchdir as the first change of cwd.
+    let code = "import os; print(open('inner.py').read().strip()); \
+                os.fchdir(os.open('/sigma/lib/servedpkg', os.O_RDONLY | os.O_DIRECTORY)); \
+                print(open('inner.py').read().strip())";
+    let o = run(sup()
+        .current_dir(work.path())
+        .arg(format!("--trace={}", trace.display()))
+        .args(["--serve", &serve, "python3", "-c", code]));
+    assert_eq!(stdout(&o), "LOCAL\nSERVED\n", "{}", stderr(&o));
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let decisions: Vec<&str> = text
+        .lines()
+        .map(|l| l.split('\t').collect::<Vec<_>>())
+        .filter(|f| f[1] == "openat" && f[2].ends_with("/inner.py"))
+        .map(|f| f[3])
+        .collect();
+    assert_eq!(decisions, ["continue", "serve"], "{text}");
+}
+
 /// `to` relative to directory `from` (both absolute), for a symlink climbing out with `..`.
 fn pathdiff(to: &Path, from: &Path) -> PathBuf {
     let depth = from.components().count() - 1;

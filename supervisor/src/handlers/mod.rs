@@ -135,6 +135,13 @@ pub struct Spec {
     pub writes: Writes,
 }
 
+impl Spec {
+    /// chdir and fchdir: the target's cwd is about to change.
+    fn moves_cwd(&self) -> bool {
+        matches!(self.name, "chdir" | "fchdir")
+    }
+}
+
 /// What a path call writes, judged from its registers (and, for openat2, its `open_how`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Writes {
@@ -392,6 +399,15 @@ pub const SPECS: &[Spec] = &[
         check: None,
         writes: Writes::No,
     },
+    // No path: notified only so that path resolution knows a cwd changes (see
+    // `ProcView::set_cwd_changes_seen`); the kernel checks the fd.
+    Spec {
+        name: "fchdir",
+        paths: &[],
+        serve: refuse_unsupported,
+        check: None,
+        writes: Writes::No,
+    },
     Spec {
         name: "chroot",
         paths: CWD_FOLLOW,
@@ -458,10 +474,12 @@ pub struct CallInfo {
 }
 
 impl CallInfo {
-    /// `root_fixed`: no target can change its root ([`crate::policy::Policy::root_is_fixed`]).
-    pub fn new(root_fixed: bool) -> Self {
+    /// `root_fixed`: no target can change its root ([`crate::policy::Policy::root_is_fixed`]);
+    /// `cwd_seen`: nor its cwd unheard ([`crate::policy::Policy::cwd_changes_seen`]).
+    pub fn new(root_fixed: bool, cwd_seen: bool) -> Self {
         let mut info = CallInfo::default();
         info.proc.set_root_fixed(root_fixed);
+        info.proc.set_cwd_changes_seen(cwd_seen);
         info
     }
 
@@ -553,6 +571,9 @@ pub fn path_call(
     if let Some(check) = spec.check {
         check(&n.args).inspect_err(|e| info.decision = Some(Decision::Error(*e as i32)))?;
     }
+    if spec.moves_cwd() {
+        info.proc.cwd_changes();
+    }
     let mem = TargetMem {
         listener: &sh.listener,
         notif: n,
@@ -620,7 +641,10 @@ pub fn path_call(
         let mut decision = sh.policy.decide(abs_path);
         // Relative to a directory the supervisor served (an injected fd used as dirfd, or as
         // cwd after fchdir): the path is below that served directory, not in the jail's tree.
-        if raw.first() != Some(&b'/') && !sh.policy.served().is_empty() {
+        if raw.first() != Some(&b'/')
+            && !sh.policy.served().is_empty()
+            && !(dirfd == libc::AT_FDCWD && proc.cwd_is_start())
+        {
             if let Some(index) = proc
                 .mount_id(n.pid, dirfd)
                 .ok()
