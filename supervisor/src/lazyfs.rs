@@ -470,8 +470,32 @@ pub struct FillStats {
     pub denied: AtomicU64,
     /// Events for files that were already complete.
     pub present: AtomicU64,
-    /// Installs a fill waits for now (see `Server::fill`).
-    pub installing: std::sync::atomic::AtomicUsize,
+    /// Installs a fill waits for now (see `Server::fill`), and their end.
+    installing: Mutex<usize>,
+    installed: std::sync::Condvar,
+}
+
+impl FillStats {
+    fn install_begins(&self) {
+        *lock(&self.installing) += 1;
+    }
+
+    fn install_ends(&self) {
+        let mut n = lock(&self.installing);
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.installed.notify_all();
+        }
+    }
+
+    /// Wait until no fill waits for an install, for at most `bound`.
+    pub fn wait_installs(&self, bound: std::time::Duration) {
+        let n = lock(&self.installing);
+        let _ = self
+            .installed
+            .wait_timeout_while(n, bound, |n| *n > 0)
+            .unwrap_or_else(|e| e.into_inner());
+    }
 }
 
 /// Answers the pre-content events of one mounted image: one thread reads events and answers
@@ -920,9 +944,9 @@ impl Server {
         let first = p.path.split('/').next().unwrap_or(&p.path);
         drop(file);
         // Counted while under way: the reader may be released (streamed) before it ends.
-        self.stats.installing.fetch_add(1, Ordering::Relaxed);
+        self.stats.install_begins();
         let ensured = self.rt.block_on(self.cache.ensure(first));
-        self.stats.installing.fetch_sub(1, Ordering::Relaxed);
+        self.stats.install_ends();
         ensured.map_err(FillError::Fetch)?;
         if lock(&self.done).contains(&ino) {
             // Filled from the unpacker while the package streamed in.

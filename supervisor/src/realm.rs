@@ -754,10 +754,7 @@ impl Resolver for LazyServed {
         if self.delegated {
             return;
         }
-        let deadline = Instant::now() + FINISH_BOUND;
-        while self.stats.installing.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        self.stats.wait_installs(FINISH_BOUND);
     }
 
     fn report(&self) -> Option<String> {
