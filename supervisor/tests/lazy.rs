@@ -353,17 +353,17 @@ fn sixteen_concurrent_procs_make_one_download() {
         assert!(line.contains("backend lazy"), "{line}");
         downloads += counter(&line, "fetched ");
         filled += counter(&line, "filled ");
-        // Each run answers the first touch of every file its proc reads, once.
+        // The first touches a run answered (a run that starts after a file was completed
+        // has no event for it: an ignore mark from the image's log).
         touched.push(counter(&line, "filled ") + counter(&line, "already present "));
     }
     assert_eq!(downloads, 1, "one download across 16 supervisors");
-    assert!(
-        touched.iter().all(|&t| t == touched[0] && t > 0),
-        "{touched:?}"
-    );
+    // The first run to start saw every file the import reads still a placeholder.
+    let files = touched.iter().copied().max().unwrap_or(0);
+    assert!(files > 0, "{touched:?}");
     assert_eq!(
-        filled, touched[0],
-        "each file copied into the image once across 16 supervisors"
+        filled, files,
+        "each file copied into the image once across 16 supervisors: {touched:?}"
     );
 }
 
