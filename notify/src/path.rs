@@ -265,32 +265,43 @@ impl ProcView {
     }
 
     /// Whether the name of `pid`'s cwd (`bufs.base`, just read) can change only by a change of
-    /// cwd: it is the root, or a mount root (rename refuses it) whose mount point lies on the
-    /// root's mount, which is read-only (nothing above it can be renamed).
+    /// cwd. Walking up from the cwd, every directory must be a mount root (rename refuses it,
+    /// and its name is its mount point's, one level up) until one lies on the root's mount,
+    /// which must be read-only (nothing there or above can be renamed). The cwd's bind in a
+    /// jail passes (on the root, or on the jail's own `/tmp`, itself a mount on the root).
     fn name_is_fixed(&mut self, pid: u32) -> Result<bool, Errno> {
-        if self.bufs.base.as_slice() == b"/" {
-            return Ok(true);
-        }
+        // One level per component of the cwd's name, and the root.
+        let levels = self
+            .bufs
+            .base
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty())
+            .count();
         self.with_dir(pid, |proc, _| {
             let mnt = libc::STATX_MNT_ID;
-            let cwd = sys::statx_at(proc, c"cwd", 0, mnt)?;
             let mount_root = libc::STATX_ATTR_MOUNT_ROOT as u64;
-            if cwd.stx_attributes_mask & mount_root == 0 || cwd.stx_attributes & mount_root == 0 {
-                return Ok(false);
-            }
-            let parent = sys::statx_at(proc, c"cwd/..", 0, mnt)?;
             let root = sys::statx_at(proc, c"root", 0, mnt)?;
-            if parent.stx_mnt_id != root.stx_mnt_id {
-                return Ok(false);
+            let mut name = b"cwd".to_vec();
+            for _ in 0..=levels {
+                let c = std::ffi::CString::new(name.clone()).map_err(|_| Errno::EINVAL)?;
+                let dir = sys::statx_at(proc, &c, 0, mnt)?;
+                if dir.stx_mnt_id == root.stx_mnt_id {
+                    let root = nix::fcntl::openat(
+                        proc,
+                        c"root",
+                        OFlag::O_PATH | OFlag::O_CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                    let fs = nix::sys::statvfs::fstatvfs(&root)?;
+                    return Ok(fs.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
+                }
+                if dir.stx_attributes_mask & mount_root == 0 || dir.stx_attributes & mount_root == 0
+                {
+                    return Ok(false);
+                }
+                name.extend_from_slice(b"/..");
             }
-            let root = nix::fcntl::openat(
-                proc,
-                c"root",
-                OFlag::O_PATH | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )?;
-            let fs = nix::sys::statvfs::fstatvfs(&root)?;
-            Ok(fs.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+            Ok(false)
         })
     }
 

@@ -312,9 +312,9 @@ fn paths_relative_to_the_cwd_follow_every_change_of_cwd() {
     let pkg = lib.path().join("servedpkg");
     std::fs::create_dir(&pkg).unwrap();
     std::fs::write(pkg.join("inner.py"), "SERVED\n").unwrap();
-    // Not under /tmp: the jail's /tmp is a writable tmpfs, where the cwd's mount point could be
-    // renamed, so a cwd there is always read from /proc. Under /var/tmp the jail shows the cwd
-    // (a bind) on its read-only root: the start cwd is resolved without /proc.
+    // Under /var/tmp the jail shows the cwd (a bind) on its read-only root; the second run
+    // below starts under /tmp, the jail's own tmpfs (a mount on the root): both names are
+    // fixed, so the start cwd is resolved without /proc in both.
     let work = tempfile::tempdir_in("/var/tmp").unwrap();
     std::fs::write(work.path().join("inner.py"), "LOCAL\n").unwrap();
     let shadow = work.path().join("sigma/lib/servedpkg");
@@ -381,6 +381,8 @@ print("fchdir", rd("inner.py"))
     assert_eq!(opens[want.len()].1, "serve", "{opens:?}");
 
     // fchdir as the first change of cwd.
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(work.path().join("inner.py"), "LOCAL\n").unwrap();
     let code = "import os; print(open('inner.py').read().strip()); \
                 os.fchdir(os.open('/sigma/lib/servedpkg', os.O_RDONLY | os.O_DIRECTORY)); \
                 print(open('inner.py').read().strip())";
@@ -397,6 +399,45 @@ print("fchdir", rd("inner.py"))
         .map(|f| f[3])
         .collect();
     assert_eq!(decisions, ["continue", "serve"], "{text}");
+}
+
+#[test]
+fn a_cwd_whose_name_can_change_is_read_from_proc() {
+    // The cwd (a bind, a mount root) lies in a directory of the jail's writable /tmp: the proc
+    // renames that directory, and the cwd's name changes with no change of cwd. Paths relative
+    // to it must be decided on the new name.
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path().join("a/b");
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::write(cwd.join("x"), "X\n").unwrap();
+    let served = tempfile::tempdir().unwrap();
+    let trace = served.path().join("trace.txt");
+    let t = tmp.path().display().to_string();
+    let code = format!(
+        "import os; print(open('x').read().strip()); os.rename('{t}/a', '{t}/c'); \
+         print(os.getcwd(), open('x').read().strip())"
+    );
+    let o = run(sup()
+        .current_dir(&cwd)
+        .arg(format!("--trace={}", trace.display()))
+        .args([
+            "--serve",
+            &format!("/sigma/lib={}", served.path().display()),
+        ])
+        .args(["python3", "-c", &code]));
+    assert_eq!(stdout(&o), format!("X\n{t}/c/b X\n"), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let opens: Vec<&str> = text
+        .lines()
+        .map(|l| l.split('\t').collect::<Vec<_>>())
+        .filter(|f| f[1] == "openat" && f[2].starts_with(&t))
+        .map(|f| f[2])
+        .collect();
+    assert_eq!(
+        opens,
+        [format!("{t}/a/b/x"), format!("{t}/c/b/x")],
+        "{text}"
+    );
 }
 
 /// `to` relative to directory `from` (both absolute), for a symlink climbing out with `..`.
