@@ -16,9 +16,9 @@
              which it is a warm realm
   partial lazy  the same realm served by the lazy backend (ext4 image of placeholders, with
              numpy, installed, shown from the lib dir over them; steady state): a root supervisor's
-             default from a realm's second run, forced here with --lazy (goal <= 1.10x bare)
+             default once the realm's image is made, forced here with --lazy (goal <= 1.10x bare)
   partial 2nd  a new realm's second run on the partial side's cache (its first run untimed):
-             the run in which a root supervisor's default makes the realm's lazy image
+             the run in which a root supervisor's default has the realm's lazy image made
              (`partial 2nd never`: the same with --lazy=never; with --baseline also
              `partial 2nd base`)
   A cold run's download goes on in a fill process after the run has exited: each side's

@@ -14,6 +14,8 @@
 //! from its lib dir over their placeholders (a bind per top-level entry,
 //! [`LazyImage::entries_from_lib`]): nothing installed is copied into the image. A realm once
 //! complete is mounted from its lib dir and its images are detached and removed ([`retire`]).
+//! A default run that finds no image made is served by notification and has it made by a
+//! process of its own, off its path, for the next run ([`prepare_in_background`]).
 //! A fill that fails (store down, integrity) answers `FAN_DENY_ERRNO(EIO)`: an error, never
 //! zeros. Files are identified by inode (the map is written when the image is materialised),
 //! never by path.
@@ -315,6 +317,106 @@ impl LazyImage {
             None::<&Path>,
         )
         .map_err(|source| LazyError::Fanotify { op: "mark", source })
+    }
+}
+
+/// argv[0] of the process that makes a realm's image off the run's path ([`prepare_main`],
+/// started by [`prepare_in_background`]).
+pub const PREP_ARG0: &str = "sigma-supervise-lazy-prepare";
+
+/// Whether image `key` of the realm in `realm_dir` is complete and mounted: a run then shows it
+/// at once ([`LazyImage::prepare_keyed`] has nothing to make).
+pub fn image_ready(realm_dir: &Path, key: &str) -> bool {
+    let base = realm_dir.join("lazy");
+    if !base.join(format!("{key}.inodes.json")).exists() {
+        return false;
+    }
+    // A mount root: statx, not a read of the mount table.
+    let Ok(dir) = std::fs::File::open(base.join(key)) else {
+        return false;
+    };
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    crate::sys::statx_fd(std::os::fd::AsFd::as_fd(&dir), 0, libc::STATX_TYPE)
+        .is_ok_and(|st| st.stx_attributes_mask & root != 0 && st.stx_attributes & root != 0)
+}
+
+/// Start making image `key` (`mkfs.ext4`, loop mount, placeholders) in a process of its own,
+/// so that the run that found none is not the one that waits for it: served by notification,
+/// it leaves the image to the next run. Nothing is started while another preparer holds the
+/// realm's image lock (it is making one). Starts a thread (the reaper): only once the target
+/// is forked.
+pub fn prepare_in_background(
+    cache_root: &Path,
+    realm_dir: &Path,
+    key: &str,
+    bucket: &str,
+) -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    let base = realm_dir.join("lazy");
+    std::fs::create_dir_all(&base)?;
+    match lock_file(&base.join("lock"), FlockArg::LockExclusiveNonblock) {
+        // Let go at once: the preparer takes it (a second preparer finds the image made).
+        Ok(lock) => drop(lock),
+        Err(_) => return Ok(()),
+    }
+    let child = std::process::Command::new("/proc/self/exe")
+        .arg0(PREP_ARG0)
+        .arg(cache_root)
+        .arg(realm_dir)
+        .arg(key)
+        .arg(bucket)
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(if jail::marking() {
+            std::process::Stdio::inherit()
+        } else {
+            std::process::Stdio::null()
+        })
+        // Not in the run's process group: a ^C to the run does not cut it.
+        .process_group(0)
+        .spawn()?;
+    // Reaped whenever it is done (or by init once this process has exited).
+    std::thread::Builder::new()
+        .name("sigma-lazy-prep-reap".into())
+        .spawn(move || {
+            let mut child = child;
+            let _ = child.wait();
+        })?;
+    Ok(())
+}
+
+/// The preparer's whole life: make the image named on the command line (`CACHE_ROOT REALM_DIR
+/// KEY BUCKET`) from the realm's index snapshot; where that fails, remember why in the realm's
+/// `lazy-unavailable` (as a run would). Exit status 0 when the image is ready.
+pub fn prepare_main() -> ! {
+    jail::close_fds_from(3);
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let [_root, realm_dir, key, bucket] = args.as_slice() else {
+        std::process::exit(2)
+    };
+    let (realm_dir, key) = (Path::new(realm_dir), key.to_string_lossy().into_owned());
+    let bucket = bucket.to_string_lossy().into_owned();
+    let snapshot = realm_dir.join("index.json");
+    let index = || {
+        std::fs::read(&snapshot)
+            .ok()
+            .and_then(|b| Index::from_json(&bucket, &b).ok())
+            .ok_or_else(|| LazyError::Io {
+                op: "read",
+                path: snapshot.clone(),
+                source: std::io::ErrorKind::InvalidData.into(),
+            })
+    };
+    match LazyImage::prepare_keyed(realm_dir, &key, index) {
+        Ok(_) => std::process::exit(0),
+        Err(e) => {
+            let _ = fetcher::cache::write_renamed(
+                &realm_dir.join("lazy-unavailable"),
+                format!("{e}\n").as_bytes(),
+            );
+            std::process::exit(1)
+        }
     }
 }
 

@@ -189,6 +189,9 @@ fn main() -> ExitCode {
     if std::env::args_os().next().as_deref() == Some(lazyfs::HOLDER_ARG0.as_ref()) {
         lazyfs::hold()
     }
+    if std::env::args_os().next().as_deref() == Some(lazyfs::PREP_ARG0.as_ref()) {
+        lazyfs::prepare_main()
+    }
     if std::env::args_os().next().as_deref() == Some(fill::FILL_ARG0.as_ref()) {
         fill::main()
     }
@@ -370,6 +373,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
         readonly::Hints::new(map)
     });
     let mut child = spawn::spawn(prepared)?;
+    if let Some(r) = &realm {
+        r.prepare_image();
+    }
     // Our memory holds credentials and our /proc files lead to the host: not dumpable, so no
     // process of the user's (a proc included) can read or ptrace them. (Only now: the jail's
     // id maps are written through our child's /proc files, which dumpability guards too.)

@@ -85,8 +85,10 @@ pub struct RealmOpts {
     /// (placeholders filled by the kernel's pre-content events on first touch; no notifications).
     /// Needs root (a loop mount and fanotify in the initial namespace) and Linux 6.14+; a
     /// realm's first run is served by notification (it has no index snapshot yet). `auto`: where
-    /// possible, else quietly by notification (a failure is remembered for a day);
-    /// `always` (`--lazy`): the same, saying why it falls back; `never`: by notification.
+    /// possible, else quietly by notification (a failure is remembered for a day); a jailed
+    /// run that finds no image is served by notification and has it made off its path, for the
+    /// next run. `always` (`--lazy`): makes the image in the run if need be, saying why it
+    /// falls back; `never`: by notification.
     #[arg(
         long,
         value_enum,
@@ -175,6 +177,8 @@ pub struct RealmPlan {
     snapshot_fetched: bool,
     /// Why the lazy backend does not serve this run (for `--stats`).
     lazy_note: Option<String>,
+    /// The lazy image to make off this run's path ([`prepare_image`](Self::prepare_image)).
+    image_to_make: Option<String>,
 }
 
 impl RealmPlan {
@@ -226,6 +230,7 @@ impl RealmPlan {
             unreachable: None,
             snapshot_fetched: false,
             lazy_note: None,
+            image_to_make: None,
             delegate: false,
         }))
     }
@@ -368,9 +373,10 @@ impl RealmPlan {
     /// The lazy backend ([`RealmOpts::lazy`]): the realm's image (materialised from its index
     /// snapshot, mounted, its pre-content group marked), to be bind-mounted read-only at the
     /// prefix and served by [`start_lazy`](Self::start_lazy). `None` (serve through
-    /// notifications): `--lazy=never`, no snapshot from an earlier run, or no image possible
-    /// (said on stderr with `--lazy`; with `auto` remembered in the realm's `lazy-unavailable`
-    /// for a day, so that runs do not pay for the attempt again).
+    /// notifications): `--lazy=never`, no snapshot from an earlier run, no image made yet (with
+    /// `auto`, jailed: made off the run's path, [`prepare_image`](Self::prepare_image)), or no
+    /// image possible (said on stderr with `--lazy`; with `auto` remembered in the realm's
+    /// `lazy-unavailable` for a day, so that runs do not pay for the attempt again).
     pub fn lazy_image(&mut self, jailed: bool) -> Option<crate::lazyfs::LazyImage> {
         match self.try_lazy_image(jailed) {
             Ok(img) => Some(img),
@@ -381,8 +387,20 @@ impl RealmPlan {
         }
     }
 
+    /// Start making the lazy image this run found missing ([`lazy_image`](Self::lazy_image)),
+    /// in a process of its own: called once the target is forked (no thread exists before).
+    pub fn prepare_image(&self) {
+        if let Some(key) = &self.image_to_make {
+            if let Err(e) =
+                crate::lazyfs::prepare_in_background(&self.root, &self.realm_dir, key, &self.bucket)
+            {
+                tracing::info!(realm = %self.opts.realm, "lazy image not started: {e}");
+            }
+        }
+    }
+
     /// [`lazy_image`](Self::lazy_image), or why not (for `--stats`).
-    fn try_lazy_image(&self, jailed: bool) -> Result<crate::lazyfs::LazyImage, String> {
+    fn try_lazy_image(&mut self, jailed: bool) -> Result<crate::lazyfs::LazyImage, String> {
         let loud = match self.opts.lazy {
             Lazy::Never => return Err("off (--lazy=never)".into()),
             Lazy::Always => true,
@@ -401,7 +419,7 @@ impl RealmPlan {
         }
         // A snapshot fetched for this run (a realm's first): its image would be made on the
         // path of a cold start, which streams faster by notification.
-        let second_run = || "from the realm's second run".to_owned();
+        let second_run = || "its image is made by the realm's second run".to_owned();
         if !loud && self.snapshot_fetched {
             return Err(second_run());
         }
@@ -440,6 +458,14 @@ impl RealmPlan {
         };
         if !jailed && !self.host_mount_point() {
             return Err("no mount point for the prefix".into());
+        }
+        // Made off this run's path where a jail is there (the supervisor then waits for the
+        // jail's init alone, not for the process making it): the run that finds no image is
+        // served by notification and the next one finds the image made. `--lazy` makes it here
+        // and now.
+        if !loud && jailed && !crate::lazyfs::image_ready(&self.realm_dir, &key) {
+            self.image_to_make = Some(key);
+            return Err("its image is being made for the next run".into());
         }
         let index = || {
             loaded

@@ -98,6 +98,19 @@ impl Setup {
         assert_eq!(stdout(&o), "['demo_y', 'demo_z']\n");
     }
 
+    /// A default run that finds the realm's image missing: served by notification, it starts
+    /// making the image in a process of its own; waited for, so the next run shows it.
+    fn image_made(&self) {
+        let o = self.run(false, "pass");
+        assert!(
+            realm_line(&o).contains(
+                "backend notification (lazy backend: its image is being made for the next run)"
+            ),
+            "{}",
+            stderr(&o)
+        );
+    }
+
     /// The entry of the realm's lazy dir that `pick` chooses (one image per realm here).
     fn lazy_entry(&self, what: &str, pick: impl Fn(&Path) -> bool) -> PathBuf {
         std::fs::read_dir(self.cache().join("realms/r/lazy"))
@@ -675,15 +688,36 @@ fn a_lazy_run_completes_a_realm_that_lacks_little_and_the_next_start_is_a_mount(
 /// second run on (the first takes the snapshot, by notification); `--lazy=never` keeps the
 /// notification path.
 #[test]
-fn by_default_an_incomplete_realm_is_served_lazily_from_its_second_run() {
+fn by_default_an_incomplete_realm_is_served_lazily_once_its_image_is_made() {
     let s = setup(1000);
     let code = "import demo_z; print(demo_z.NAME)";
     let o = s.run(false, code);
     assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
     let line = realm_line(&o);
     assert!(
-        line.contains("backend notification (lazy backend: from the realm's second run)"),
+        line.contains(
+            "backend notification (lazy backend: its image is made by the realm's second run)"
+        ),
         "{line}"
+    );
+    // The second run does not wait for the image: served by notification, it has it made in
+    // a process of its own (waited for here, as for fill processes).
+    let o = s.run(false, code);
+    assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
+    let line = realm_line(&o);
+    assert!(
+        line.contains(
+            "backend notification (lazy backend: its image is being made for the next run)"
+        ),
+        "{line}"
+    );
+    assert!(
+        s.cache()
+            .join("realms/r/lazy")
+            .read_dir()
+            .is_ok_and(|mut d| d
+                .any(|e| e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "img")))),
+        "no image made"
     );
     let o = s.run(false, code);
     assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
@@ -714,14 +748,13 @@ fn where_no_image_can_be_made_the_default_falls_back_quietly_and_remembers_it() 
     // PATH with the interpreter's directory alone.
     let bin = interp::python().parent().unwrap();
     assert!(!bin.join("mkfs.ext4").exists());
+    // The process that makes the image (off the run's path) has the run's PATH.
     let o = s.cmd(false, code).env("PATH", bin).output().unwrap();
     interp::settled(&s.cache());
     assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
-    // No warning of its own; `--stats` says why.
     let line = realm_line(&o);
     assert!(
-        line.contains("backend notification (lazy backend: unavailable (")
-            && line.contains("mkfs.ext4"),
+        line.contains("lazy backend: its image is being made for the next run"),
         "{line}"
     );
     assert!(
@@ -732,11 +765,13 @@ fn where_no_image_can_be_made_the_default_falls_back_quietly_and_remembers_it() 
     let marker = s.cache().join("realms/r/lazy-unavailable");
     let why = std::fs::read_to_string(&marker).unwrap();
     assert!(why.contains("mkfs.ext4"), "{why}");
-    // Remembered: mkfs.ext4 is back on PATH, and still no attempt.
+    // Remembered: mkfs.ext4 is back on PATH, and still no attempt; `--stats` says why.
     let o = s.run(false, code);
     let line = realm_line(&o);
     assert!(
-        line.contains("tried again after a day, or with --lazy"),
+        line.contains("backend notification (lazy backend: unavailable (")
+            && line.contains("mkfs.ext4")
+            && line.contains("tried again after a day, or with --lazy"),
         "{line}"
     );
     assert!(!s.cache().join("realms/r/lazy").read_dir().is_ok_and(
@@ -869,6 +904,7 @@ fn importlib_metadata_reads_real_bytes_and_only_what_it_reads() {
     assert!(out.status.success(), "{}", stderr(&out));
     let o = s.run(false, "import os; print(sorted(os.listdir('/sigma/lib')))");
     assert!(stdout(&o).contains("'six.py'"), "{}", stdout(&o));
+    s.image_made();
     let code = r#"
 import importlib.metadata as md, os
 d = md.distribution('six')

@@ -32,8 +32,8 @@ pub fn supervisor() -> Command {
     c
 }
 
-/// Pids of the fill processes installing into the cache root `cache` (argv: the fill
-/// process's name, then the root).
+/// Pids of the fill processes installing into the cache root `cache`, and of the processes
+/// making a realm's lazy image there (argv: the process's name, then the root).
 #[allow(dead_code)]
 pub fn fills_of(cache: &Path) -> Vec<i32> {
     let mut pids = Vec::new();
@@ -45,8 +45,10 @@ pub fn fills_of(cache: &Path) -> Vec<i32> {
             continue;
         };
         let mut args = cmdline.split(|b| *b == 0);
-        if args.next() == Some(b"sigma-supervise-fill")
-            && args.next() == Some(cache.as_os_str().as_encoded_bytes())
+        if matches!(
+            args.next(),
+            Some(b"sigma-supervise-fill" | b"sigma-supervise-lazy-prepare")
+        ) && args.next() == Some(cache.as_os_str().as_encoded_bytes())
         {
             pids.push(pid);
         }
@@ -54,7 +56,8 @@ pub fn fills_of(cache: &Path) -> Vec<i32> {
     pids
 }
 
-/// Wait until no fill process installs into `cache` (at most 60 s).
+/// Wait until no fill process installs into `cache` and no lazy image is being made there (at
+/// most 60 s).
 #[allow(dead_code)]
 pub fn settled(cache: &Path) {
     let start = Instant::now();
