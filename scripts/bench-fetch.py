@@ -124,13 +124,15 @@ def cpu_used() -> float:
 
 def fill_processes() -> list[int]:
     """Pids of the fill processes running (a jailed cold run's downloads, which go on after
-    the run has exited; see supervisor/src/fill.rs)."""
+    the run has exited; see supervisor/src/fill.rs), and of the processes making a realm's
+    lazy image (started by a default run that found none; see supervisor/src/lazyfs.rs)."""
     pids = []
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
                 with open(f"/proc/{p}/cmdline", "rb") as f:
-                    if f.read().startswith(b"sigma-supervise-fill\0"):
+                    if f.read().startswith((b"sigma-supervise-fill\0",
+                                            b"sigma-supervise-lazy-prepare\0")):
                         pids.append(int(p))
             except OSError:
                 pass
@@ -379,7 +381,7 @@ def main() -> None:
                 def second_run(realm: str, default: bool, base: bool = False) -> float:
                     # A new realm on the partial cache (numpy in the store, six never fetched):
                     # its first run untimed (notification; numpy linked from the store), then
-                    # its second, timed: where the default makes the realm's lazy image.
+                    # its second, timed: where the default has the realm's lazy image made.
                     if base:
                         cmd = supervised(partial_lazy_base, "s3://libs2", realm=realm,
                                          partial=True, default=default, binary=args.baseline)
