@@ -359,6 +359,8 @@ pub fn prepare_in_background(
         Ok(lock) => drop(lock),
         Err(_) => return Ok(()),
     }
+    // Its stdin ends when this process exits: the sign that the run is over.
+    let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let child = std::process::Command::new("/proc/self/exe")
         .arg0(PREP_ARG0)
         .arg(cache_root)
@@ -366,7 +368,7 @@ pub fn prepare_in_background(
         .arg(key)
         .arg(bucket)
         .current_dir("/")
-        .stdin(std::process::Stdio::null())
+        .stdin(std::process::Stdio::from(rx))
         .stdout(std::process::Stdio::null())
         .stderr(if jail::marking() {
             std::process::Stdio::inherit()
@@ -376,6 +378,8 @@ pub fn prepare_in_background(
         // Not in the run's process group: a ^C to the run does not cut it.
         .process_group(0)
         .spawn()?;
+    // Closed by the kernel when this process exits.
+    std::mem::forget(tx);
     // Reaped whenever it is done (or by init once this process has exited).
     std::thread::Builder::new()
         .name("sigma-lazy-prep-reap".into())
@@ -386,11 +390,27 @@ pub fn prepare_in_background(
     Ok(())
 }
 
-/// The preparer's whole life: make the image named on the command line (`CACHE_ROOT REALM_DIR
-/// KEY BUCKET`) from the realm's index snapshot; where that fails, remember why in the realm's
-/// `lazy-unavailable` (as a run would). Exit status 0 when the image is ready.
+/// How long the preparer waits for the run that started it to end before it starts anyway.
+const PREP_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The preparer's whole life: wait for the run that started it to end (end of file on stdin;
+/// at most [`PREP_AFTER`]), so its work (`mkfs.ext4`, the loop mount, a placeholder per file)
+/// does not take a CPU from the run's program, then, in `SCHED_IDLE` where allowed, make the
+/// image named on the command line (`CACHE_ROOT REALM_DIR KEY BUCKET`) from the realm's index
+/// snapshot; where that fails, remember why in the realm's `lazy-unavailable` (as a run would).
+/// Exit status 0 when the image is ready.
 pub fn prepare_main() -> ! {
+    use std::os::fd::AsFd as _;
     jail::close_fds_from(3);
+    let stdin = std::io::stdin();
+    let mut fds = [nix::poll::PollFd::new(
+        stdin.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    let timeout =
+        nix::poll::PollTimeout::try_from(PREP_AFTER).unwrap_or(nix::poll::PollTimeout::MAX);
+    while let Err(nix::errno::Errno::EINTR) = nix::poll::poll(&mut fds, timeout) {}
+    let _ = crate::sys::idle_process();
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let [_root, realm_dir, key, bucket] = args.as_slice() else {
         std::process::exit(2)
