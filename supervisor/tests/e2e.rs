@@ -401,6 +401,73 @@ print("fchdir", rd("inner.py"))
     assert_eq!(decisions, ["continue", "serve"], "{text}");
 }
 
+/// The same start-cwd resolution for a supervisor started by an unprivileged user (nobody):
+/// relative paths are decided on the start cwd, then on the served directory after fchdir.
+#[test]
+fn paths_relative_to_the_start_cwd_as_an_unprivileged_user() {
+    use std::os::unix::fs::PermissionsExt as _;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to start the supervisor as nobody");
+        return;
+    }
+    let nobody = Some(nix::unistd::Uid::from_raw(65534));
+    let nogroup = Some(nix::unistd::Gid::from_raw(65534));
+    // Everything nobody needs, in directories it can reach: the binary, a served dir, a cwd.
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = shared.path().join("sigma-supervise");
+    std::fs::copy(env!("CARGO_BIN_EXE_sigma-supervise"), &bin).unwrap();
+    let pkg = shared.path().join("lib/servedpkg");
+    std::fs::create_dir_all(&pkg).unwrap();
+    std::fs::set_permissions(
+        pkg.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(pkg.join("inner.py"), "SERVED\n").unwrap();
+    let work = shared.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::write(work.join("inner.py"), "LOCAL\n").unwrap();
+    for p in [&work, &work.join("inner.py")] {
+        nix::unistd::chown(p.as_path(), nobody, nogroup).unwrap();
+    }
+    let trace = work.join("trace.txt");
+    let code = "import os; print(open('inner.py').read().strip()); \
+                os.fchdir(os.open('/sigma/lib/servedpkg', os.O_RDONLY | os.O_DIRECTORY)); \
+                print(open('inner.py').read().strip())";
+    let o = run(Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+        ])
+        .arg(&bin)
+        .current_dir(&work)
+        .env("HOME", &work)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("RUST_LOG")
+        .arg(format!("--trace={}", trace.display()))
+        .args([
+            "--serve",
+            &format!("/sigma/lib={}", pkg.parent().unwrap().display()),
+        ])
+        .args(["/usr/bin/python3", "-I", "-c", code]));
+    assert_eq!(stdout(&o), "LOCAL\nSERVED\n", "{}", stderr(&o));
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let opens: Vec<(&str, &str)> = text
+        .lines()
+        .map(|l| l.split('\t').collect::<Vec<_>>())
+        .filter(|f| f[1] == "openat" && f[2].ends_with("/inner.py"))
+        .map(|f| (f[2], f[3]))
+        .collect();
+    let local = format!("{}/inner.py", work.display());
+    assert_eq!(opens.len(), 2, "{text}");
+    assert_eq!(opens[0], (local.as_str(), "continue"), "{text}");
+    assert_eq!(opens[1].1, "serve", "{text}");
+}
+
 #[test]
 fn a_cwd_whose_name_can_change_is_read_from_proc() {
     // The cwd (a bind, a mount root) lies in a directory of the jail's writable /tmp: the proc
