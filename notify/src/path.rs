@@ -58,8 +58,6 @@ pub struct ProcView {
     bufs: Bufs,
     /// Every change of a target's cwd is notified ([`ProcView::set_cwd_changes_seen`]).
     cwd_seen: bool,
-    /// A target has changed (or is about to change) its cwd ([`ProcView::cwd_changes`]).
-    cwd_moved: bool,
     start_cwd: StartCwd,
 }
 
@@ -71,8 +69,15 @@ enum StartCwd {
     Unknown,
     /// Normalised, in the targets' view.
     Known(Vec<u8>),
-    /// Its name could change without a notification: always read from /proc.
+    /// Its name could change without a notification, or a target has changed (or is about to
+    /// change) its cwd ([`ProcView::cwd_changes`]): always read from /proc.
     Unusable,
+}
+
+/// Whether `st` (asked for any mask) is the root of a mount.
+pub fn is_mount_root(st: &libc::statx) -> bool {
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    st.stx_attributes_mask & root != 0 && st.stx_attributes & root != 0
 }
 
 #[derive(Default)]
@@ -181,14 +186,13 @@ impl ProcView {
     /// every cwd is read from /proc. Called before that call is answered, so no cwd can differ
     /// from the start cwd while it is used.
     pub fn cwd_changes(&mut self) {
-        self.cwd_moved = true;
-        self.start_cwd = StartCwd::Unknown;
+        self.start_cwd = StartCwd::Unusable;
     }
 
     /// Whether a target's cwd is the start cwd, already read: it is none of the supervisor's
     /// served directories then (those are reached only through an injected fd, by fchdir).
     pub fn cwd_is_start(&self) -> bool {
-        !self.cwd_moved && matches!(self.start_cwd, StartCwd::Known(_))
+        matches!(self.start_cwd, StartCwd::Known(_))
     }
 
     /// [`absolute`] into `out` (replacing its contents): an absolute `path` costs no system
@@ -215,7 +219,7 @@ impl ProcView {
         if dirfd != libc::AT_FDCWD && dirfd < 0 {
             return Err(Errno::EBADF);
         }
-        if dirfd == libc::AT_FDCWD && !self.cwd_moved {
+        if dirfd == libc::AT_FDCWD {
             if let StartCwd::Known(base) = &self.start_cwd {
                 join_normalized_into(base, path, out);
                 return Ok(());
@@ -252,7 +256,6 @@ impl ProcView {
         if dirfd == libc::AT_FDCWD
             && self.cwd_seen
             && self.bufs.root_fixed
-            && !self.cwd_moved
             && matches!(self.start_cwd, StartCwd::Unknown)
         {
             self.start_cwd = match self.name_is_fixed(pid) {
@@ -279,7 +282,6 @@ impl ProcView {
             .count();
         self.with_dir(pid, |proc, _| {
             let mnt = libc::STATX_MNT_ID;
-            let mount_root = libc::STATX_ATTR_MOUNT_ROOT as u64;
             let root = sys::statx_at(proc, c"root", 0, mnt)?;
             let mut name = b"cwd".to_vec();
             for _ in 0..=levels {
@@ -295,8 +297,7 @@ impl ProcView {
                     let fs = nix::sys::statvfs::fstatvfs(&root)?;
                     return Ok(fs.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
                 }
-                if dir.stx_attributes_mask & mount_root == 0 || dir.stx_attributes & mount_root == 0
-                {
+                if !is_mount_root(&dir) {
                     return Ok(false);
                 }
                 name.extend_from_slice(b"/..");

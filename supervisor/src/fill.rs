@@ -45,6 +45,24 @@ use std::time::Duration;
 /// argv[0] of a fill process ([`main`]).
 pub const FILL_ARG0: &str = "sigma-supervise-fill";
 
+/// This binary again under `arg0`, for work that outlives the run (a fill process, the maker
+/// of a lazy image): started in `/`, not in the run's process group (a ^C to the run does not
+/// cut work other runs share), its stderr the run's only for the timeline marks
+/// (`SIGMA_SUPERVISE_TIMELINE`).
+pub fn helper_process(arg0: &str) -> std::process::Command {
+    use std::os::unix::process::CommandExt as _;
+    let mut c = std::process::Command::new("/proc/self/exe");
+    c.arg0(arg0)
+        .current_dir("/")
+        .stderr(if jail::marking() {
+            std::process::Stdio::inherit()
+        } else {
+            std::process::Stdio::null()
+        })
+        .process_group(0);
+    c
+}
+
 /// Longest line a fill process may write (the longest is an `err` line, cut to fit).
 const MAX_LINE: usize = 4096;
 
@@ -103,26 +121,15 @@ impl fetcher::Delegate for FillProcs {
 
 impl FillProcs {
     fn spawn(&self, pkg: &Package, lock: &std::fs::File) -> std::io::Result<std::process::Child> {
-        use std::os::unix::process::CommandExt as _;
-        std::process::Command::new("/proc/self/exe")
-            .arg0(FILL_ARG0)
+        helper_process(FILL_ARG0)
             .arg(&self.root)
             .arg(&self.realm)
             .arg(&self.bucket)
             .arg(format!("{}", self.timeout.as_secs_f64()))
             .arg(&pkg.name)
             .arg(&pkg.archive.sha256)
-            .current_dir("/")
             .stdin(lock.try_clone()?)
             .stdout(std::process::Stdio::piped())
-            // Its timeline marks (SIGMA_SUPERVISE_TIMELINE) go where the run's go.
-            .stderr(if jail::marking() {
-                std::process::Stdio::inherit()
-            } else {
-                std::process::Stdio::null()
-            })
-            // Not in the run's process group: a ^C to the run does not cut a shared install.
-            .process_group(0)
             .spawn()
     }
 

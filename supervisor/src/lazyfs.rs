@@ -335,9 +335,8 @@ pub fn image_ready(realm_dir: &Path, key: &str) -> bool {
     let Ok(dir) = std::fs::File::open(base.join(key)) else {
         return false;
     };
-    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
     crate::sys::statx_fd(std::os::fd::AsFd::as_fd(&dir), 0, libc::STATX_TYPE)
-        .is_ok_and(|st| st.stx_attributes_mask & root != 0 && st.stx_attributes & root != 0)
+        .is_ok_and(|st| notify::path::is_mount_root(&st))
 }
 
 /// Start making image `key` (`mkfs.ext4`, loop mount, placeholders) in a process of its own,
@@ -351,7 +350,6 @@ pub fn prepare_in_background(
     key: &str,
     bucket: &str,
 ) -> std::io::Result<()> {
-    use std::os::unix::process::CommandExt as _;
     let base = realm_dir.join("lazy");
     std::fs::create_dir_all(&base)?;
     match lock_file(&base.join("lock"), FlockArg::LockExclusiveNonblock) {
@@ -361,22 +359,13 @@ pub fn prepare_in_background(
     }
     // Its stdin ends when this process exits: the sign that the run is over.
     let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    let child = std::process::Command::new("/proc/self/exe")
-        .arg0(PREP_ARG0)
+    let child = crate::fill::helper_process(PREP_ARG0)
         .arg(cache_root)
         .arg(realm_dir)
         .arg(key)
         .arg(bucket)
-        .current_dir("/")
         .stdin(std::process::Stdio::from(rx))
         .stdout(std::process::Stdio::null())
-        .stderr(if jail::marking() {
-            std::process::Stdio::inherit()
-        } else {
-            std::process::Stdio::null()
-        })
-        // Not in the run's process group: a ^C to the run does not cut it.
-        .process_group(0)
         .spawn()?;
     // Closed by the kernel when this process exits.
     std::mem::forget(tx);
@@ -417,27 +406,35 @@ pub fn prepare_main() -> ! {
     };
     let (realm_dir, key) = (Path::new(realm_dir), key.to_string_lossy().into_owned());
     let bucket = bucket.to_string_lossy().into_owned();
-    let snapshot = realm_dir.join("index.json");
-    let index = || {
-        std::fs::read(&snapshot)
-            .ok()
-            .and_then(|b| Index::from_json(&bucket, &b).ok())
-            .ok_or_else(|| LazyError::Io {
-                op: "read",
-                path: snapshot.clone(),
-                source: std::io::ErrorKind::InvalidData.into(),
-            })
-    };
-    match LazyImage::prepare_keyed(realm_dir, &key, index) {
+    match LazyImage::prepare_keyed(realm_dir, &key, || snapshot_index(realm_dir, &bucket)) {
         Ok(_) => std::process::exit(0),
         Err(e) => {
-            let _ = fetcher::cache::write_renamed(
-                &realm_dir.join("lazy-unavailable"),
-                format!("{e}\n").as_bytes(),
-            );
+            remember_unavailable(realm_dir, &e);
             std::process::exit(1)
         }
     }
+}
+
+/// The realm's index snapshot (`REALM_DIR/index.json`), which its image is made from.
+pub fn snapshot_index(realm_dir: &Path, bucket: &str) -> Result<Index, LazyError> {
+    let snapshot = realm_dir.join("index.json");
+    std::fs::read(&snapshot)
+        .ok()
+        .and_then(|b| Index::from_json(bucket, &b).ok())
+        .ok_or_else(|| LazyError::Io {
+            op: "read",
+            path: snapshot,
+            source: std::io::ErrorKind::InvalidData.into(),
+        })
+}
+
+/// Keep why no image could be made in the realm's `lazy-unavailable` (default runs do not
+/// try again for a day).
+pub fn remember_unavailable(realm_dir: &Path, e: &LazyError) {
+    let _ = fetcher::cache::write_renamed(
+        &realm_dir.join("lazy-unavailable"),
+        format!("{e}\n").as_bytes(),
+    );
 }
 
 /// `e` is one normal path component (`numpy`, `six.py`): not empty, `.`, `..` or a path.

@@ -439,7 +439,7 @@ impl RealmPlan {
             .map(|m| format!("{} ", fetcher::cache::identity(&m)))
             .ok_or_else(second_run)?;
         let key_file = self.realm_dir.join("lazy-key");
-        let load = || Index::from_json(&self.bucket, &std::fs::read(&snapshot).ok()?).ok();
+        let load = || crate::lazyfs::snapshot_index(&self.realm_dir, &self.bucket);
         let mut loaded = None;
         let key = match std::fs::read_to_string(&key_file)
             .ok()
@@ -448,7 +448,7 @@ impl RealmPlan {
         {
             Some(k) => k,
             None => {
-                let index = load().ok_or("index snapshot unreadable")?;
+                let index = load().map_err(|_| "index snapshot unreadable")?;
                 let k = crate::lazyfs::LazyImage::key_of(&index);
                 // Only an optimisation: a key that cannot be kept is computed again next time.
                 let _ = fetcher::cache::write_renamed(&key_file, format!("{id}{k}\n").as_bytes());
@@ -467,15 +467,7 @@ impl RealmPlan {
             self.image_to_make = Some(key);
             return Err("its image is being made for the next run".into());
         }
-        let index = || {
-            loaded
-                .or_else(load)
-                .ok_or_else(|| crate::lazyfs::LazyError::Io {
-                    op: "read",
-                    path: snapshot.clone(),
-                    source: std::io::ErrorKind::InvalidData.into(),
-                })
-        };
+        let index = || loaded.map_or_else(load, Ok);
         match crate::lazyfs::LazyImage::prepare_keyed(&self.realm_dir, &key, index) {
             Ok(mut img) => {
                 if loud {
@@ -505,7 +497,7 @@ impl RealmPlan {
                     tracing::info!(realm = %self.opts.realm, "lazy backend unavailable ({e}); \
                                    serving by notification");
                 }
-                let _ = fetcher::cache::write_renamed(&unavailable, format!("{e}\n").as_bytes());
+                crate::lazyfs::remember_unavailable(&self.realm_dir, &e);
                 Err(format!("unavailable ({e})"))
             }
         }
