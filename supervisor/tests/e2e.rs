@@ -352,13 +352,7 @@ print("fchdir", rd("inner.py"))
         "start LOCAL SHADOW\nchild SERVED\nparent LOCAL\nroot SERVED\nback LOCAL\nfchdir SERVED\n"
     );
     // And each was decided on the path the kernel would open.
-    let text = std::fs::read_to_string(&trace).unwrap();
-    let opens: Vec<(String, String)> = text
-        .lines()
-        .map(|l| l.split('\t').collect::<Vec<_>>())
-        .filter(|f| f[1] == "openat" && f[2].ends_with("/inner.py"))
-        .map(|f| (f[2].to_owned(), f[3].to_owned()))
-        .collect();
+    let opens = traced_opens(&trace, |p| p.ends_with("/inner.py"));
     let local = format!("{w}/inner.py");
     let served = "/sigma/lib/servedpkg/inner.py".to_owned();
     let want = [
@@ -391,14 +385,9 @@ print("fchdir", rd("inner.py"))
         .arg(format!("--trace={}", trace.display()))
         .args(["--serve", &serve, "python3", "-c", code]));
     assert_eq!(stdout(&o), "LOCAL\nSERVED\n", "{}", stderr(&o));
-    let text = std::fs::read_to_string(&trace).unwrap();
-    let decisions: Vec<&str> = text
-        .lines()
-        .map(|l| l.split('\t').collect::<Vec<_>>())
-        .filter(|f| f[1] == "openat" && f[2].ends_with("/inner.py"))
-        .map(|f| f[3])
-        .collect();
-    assert_eq!(decisions, ["continue", "serve"], "{text}");
+    let opens = traced_opens(&trace, |p| p.ends_with("/inner.py"));
+    let decisions: Vec<&str> = opens.iter().map(|(_, d)| d.as_str()).collect();
+    assert_eq!(decisions, ["continue", "serve"], "{opens:?}");
 }
 
 /// The same start-cwd resolution for a supervisor started by an unprivileged user (nobody):
@@ -455,17 +444,11 @@ fn paths_relative_to_the_start_cwd_as_an_unprivileged_user() {
         ])
         .args(["/usr/bin/python3", "-I", "-c", code]));
     assert_eq!(stdout(&o), "LOCAL\nSERVED\n", "{}", stderr(&o));
-    let text = std::fs::read_to_string(&trace).unwrap();
-    let opens: Vec<(&str, &str)> = text
-        .lines()
-        .map(|l| l.split('\t').collect::<Vec<_>>())
-        .filter(|f| f[1] == "openat" && f[2].ends_with("/inner.py"))
-        .map(|f| (f[2], f[3]))
-        .collect();
+    let opens = traced_opens(&trace, |p| p.ends_with("/inner.py"));
     let local = format!("{}/inner.py", work.display());
-    assert_eq!(opens.len(), 2, "{text}");
-    assert_eq!(opens[0], (local.as_str(), "continue"), "{text}");
-    assert_eq!(opens[1].1, "serve", "{text}");
+    assert_eq!(opens.len(), 2, "{opens:?}");
+    assert_eq!(opens[0], (local, "continue".to_owned()), "{opens:?}");
+    assert_eq!(opens[1].1, "serve", "{opens:?}");
 }
 
 #[test]
@@ -493,18 +476,26 @@ fn a_cwd_whose_name_can_change_is_read_from_proc() {
         ])
         .args(["python3", "-c", &code]));
     assert_eq!(stdout(&o), format!("X\n{t}/c/b X\n"), "{}", stderr(&o));
-    let text = std::fs::read_to_string(&trace).unwrap();
-    let opens: Vec<&str> = text
-        .lines()
-        .map(|l| l.split('\t').collect::<Vec<_>>())
-        .filter(|f| f[1] == "openat" && f[2].starts_with(&t))
-        .map(|f| f[2])
+    let opens: Vec<String> = traced_opens(&trace, |p| p.starts_with(&t))
+        .into_iter()
+        .map(|(p, _)| p)
         .collect();
     assert_eq!(
         opens,
         [format!("{t}/a/b/x"), format!("{t}/c/b/x")],
-        "{text}"
+        "{opens:?}"
     );
+}
+
+/// The `openat` lines of a `--trace` file whose path `pick` chooses: (path, decision), in order.
+fn traced_opens(trace: &Path, pick: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+    std::fs::read_to_string(trace)
+        .unwrap()
+        .lines()
+        .map(|l| l.split('\t').collect::<Vec<_>>())
+        .filter(|f| f[1] == "openat" && pick(f[2]))
+        .map(|f| (f[2].to_owned(), f[3].to_owned()))
+        .collect()
 }
 
 /// `to` relative to directory `from` (both absolute), for a symlink climbing out with `..`.
