@@ -10,6 +10,7 @@
 mod compiled;
 mod container;
 mod fill;
+mod fusefs;
 mod handlers;
 mod lazyfs;
 mod policy;
@@ -189,6 +190,9 @@ fn main() -> ExitCode {
     if std::env::args_os().next().as_deref() == Some(lazyfs::HOLDER_ARG0.as_ref()) {
         lazyfs::hold()
     }
+    if std::env::args_os().next().as_deref() == Some(fusefs::FUSE_ARG0.as_ref()) {
+        fusefs::main()
+    }
     if std::env::args_os().next().as_deref() == Some(lazyfs::PREP_ARG0.as_ref()) {
         lazyfs::prepare_main()
     }
@@ -342,7 +346,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
     )?;
     prepared.home_inside_jail()?;
     // The lazy backend marks its image once the target exists, before the program may touch it.
-    prepared.pass_listener(lazy.is_none() && sendmsg_allowed);
+    prepared.pass_listener(!matches!(lazy, Some(realm::LazyView::Image(_))) && sendmsg_allowed);
     if let Some((fd, number)) = api.take_target_end() {
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
     }
@@ -355,9 +359,9 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 prepared.bind_read_only(&src, &dst)?;
             }
         }
-        if let Some(img) = &lazy {
-            prepared.bind_read_only(&img.mnt, &r.opts.lib_prefix)?;
-            for e in &img.lib_entries {
+        if let Some(view) = &lazy {
+            prepared.bind_read_only(view.mnt(), &r.opts.lib_prefix)?;
+            for e in view.lib_entries() {
                 prepared.bind_read_only(&r.lib.join(e), &r.opts.lib_prefix.join(e))?;
             }
         }
@@ -386,7 +390,8 @@ fn run(cli: Cli) -> Result<u8, Failure> {
             (Some(n), _, _) => Box::new(r.kernel_served_resolver(n)),
             (None, Some(view), _) => Box::new(r.trees_resolver(view)),
             // Marked before the target is released: its first touch already waits for a fill.
-            (None, None, Some(img)) => {
+            (None, None, Some(realm::LazyView::Fuse(m))) => Box::new(r.fuse_served(m)),
+            (None, None, Some(realm::LazyView::Image(img))) => {
                 // The child's view is built (it waits to be released): mark the proc's mount of
                 // the image. Our child, not yet reaped: the pid names it.
                 img.watch(child.pid, &r.opts.lib_prefix)

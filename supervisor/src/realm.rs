@@ -377,7 +377,7 @@ impl RealmPlan {
     /// `auto`, jailed: made off the run's path, [`prepare_image`](Self::prepare_image)), or no
     /// image possible (said on stderr with `--lazy`; with `auto` remembered in the realm's
     /// `lazy-unavailable` for a day, so that runs do not pay for the attempt again).
-    pub fn lazy_image(&mut self, jailed: bool) -> Option<crate::lazyfs::LazyImage> {
+    pub fn lazy_image(&mut self, jailed: bool) -> Option<LazyView> {
         match self.try_lazy_image(jailed) {
             Ok(img) => Some(img),
             Err(why) => {
@@ -400,26 +400,34 @@ impl RealmPlan {
     }
 
     /// [`lazy_image`](Self::lazy_image), or why not (for `--stats`).
-    fn try_lazy_image(&mut self, jailed: bool) -> Result<crate::lazyfs::LazyImage, String> {
+    fn try_lazy_image(&mut self, jailed: bool) -> Result<LazyView, String> {
         let loud = match self.opts.lazy {
             Lazy::Never => return Err("off (--lazy=never)".into()),
             Lazy::Always => true,
             Lazy::Auto => false,
         };
-        if !nix::unistd::geteuid().is_root() {
-            // A loop mount and fanotify's pre-content events need CAP_SYS_ADMIN on the host.
+        // A loop mount and fanotify's pre-content events need CAP_SYS_ADMIN on the host;
+        // without it, a FUSE mount (fusermount3) bound into the proc's jail.
+        let root = nix::unistd::geteuid().is_root();
+        if !root && !jailed {
             if loud {
                 eprintln!(
-                    "sigma-supervise: realm {}: the lazy backend needs root; serving by \
-                     notification",
+                    "sigma-supervise: realm {}: the lazy backend needs root or a jail; serving \
+                     by notification",
                     self.opts.realm
                 );
             }
-            return Err("needs root".into());
+            return Err("needs root or a jail".into());
         }
         // A snapshot fetched for this run (a realm's first): its image would be made on the
         // path of a cold start, which streams faster by notification.
-        let second_run = || "its image is made by the realm's second run".to_owned();
+        let second_run = || {
+            if root {
+                "its image is made by the realm's second run".to_owned()
+            } else {
+                "its FUSE server is started by the realm's second run".to_owned()
+            }
+        };
         if !loud && self.snapshot_fetched {
             return Err(second_run());
         }
@@ -456,6 +464,9 @@ impl RealmPlan {
                 k
             }
         };
+        if !root {
+            return self.fuse_mount(&key, loud);
+        }
         if !jailed && !self.host_mount_point() {
             return Err("no mount point for the prefix".into());
         }
@@ -468,23 +479,51 @@ impl RealmPlan {
             return Err("its image is being made for the next run".into());
         }
         let index = || loaded.map_or_else(load, Ok);
-        match crate::lazyfs::LazyImage::prepare_keyed(&self.realm_dir, &key, index) {
-            Ok(mut img) => {
+        let made = crate::lazyfs::LazyImage::prepare_keyed(&self.realm_dir, &key, index);
+        self.lazy_or_why(made.map(LazyView::Image), loud)
+    }
+
+    /// The realm's FUSE mount of snapshot `key` (its server started if none serves it).
+    fn fuse_mount(&mut self, key: &str, loud: bool) -> Result<LazyView, String> {
+        let m = crate::fusefs::attach(
+            &self.root,
+            &self.realm_dir,
+            key,
+            &self.bucket,
+            self.opts.fetch_timeout,
+        );
+        self.lazy_or_why(m.map(LazyView::Fuse), loud)
+    }
+
+    /// `made`, or why not: said on stderr with `--lazy`, remembered for a day (see
+    /// [`lazy_image`](Self::lazy_image)).
+    fn lazy_or_why(
+        &mut self,
+        made: Result<LazyView, crate::lazyfs::LazyError>,
+        loud: bool,
+    ) -> Result<LazyView, String> {
+        let unavailable = self.realm_dir.join("lazy-unavailable");
+        match made {
+            Ok(mut view) => {
                 if loud {
                     let _ = std::fs::remove_file(&unavailable);
                 }
                 // Packages installed already are shown from the lib dir (none if unreadable:
-                // then their placeholders are filled like the others').
-                match fetcher::installed_packages(&self.root, &self.opts.realm) {
-                    Ok(installed) => {
-                        img.lib_entries = img.entries_from_lib(&installed);
-                        // A marker whose entry is gone (removed by hand): its placeholder stays.
-                        img.lib_entries
-                            .retain(|e| self.lib.join(e).symlink_metadata().is_ok());
+                // then their placeholders are filled like the others'). The FUSE server keeps
+                // what it has read for every run of the realm: nothing to show over it.
+                if let LazyView::Image(img) = &mut view {
+                    match fetcher::installed_packages(&self.root, &self.opts.realm) {
+                        Ok(installed) => {
+                            img.lib_entries = img.entries_from_lib(&installed);
+                            // A marker whose entry is gone (removed by hand): its placeholder
+                            // stays.
+                            img.lib_entries
+                                .retain(|e| self.lib.join(e).symlink_metadata().is_ok());
+                        }
+                        Err(e) => tracing::debug!(error = %e, "installed packages unreadable"),
                     }
-                    Err(e) => tracing::debug!(error = %e, "installed packages unreadable"),
                 }
-                Ok(img)
+                Ok(view)
             }
             Err(e) => {
                 if loud {
@@ -534,6 +573,15 @@ impl RealmPlan {
             delegated: self.delegate,
             _rt: rt,
         })
+    }
+
+    /// The realm shown by its FUSE server ([`crate::fusefs`]): only its `--stats` line.
+    pub fn fuse_served(self, mount: crate::fusefs::FuseMount) -> FuseServed {
+        FuseServed {
+            realm: self.opts.realm,
+            bucket: self.bucket,
+            mount,
+        }
     }
 
     /// The realm when [`kernel_served`](Self::kernel_served): only its `--stats` line.
@@ -791,6 +839,64 @@ impl Resolver for LazyServed {
             c.packages_fetched,
             c.bytes_fetched,
             c.gets
+        ))
+    }
+}
+
+/// The lazy backend's view of an incomplete realm, bound read-only at the prefix.
+pub enum LazyView {
+    /// An ext4 image with pre-content events (root).
+    Image(crate::lazyfs::LazyImage),
+    /// The realm's FUSE server's mount (an ordinary user).
+    Fuse(crate::fusefs::FuseMount),
+}
+
+impl LazyView {
+    /// Where it is mounted on the host.
+    pub fn mnt(&self) -> &Path {
+        match self {
+            LazyView::Image(i) => &i.mnt,
+            LazyView::Fuse(f) => &f.mnt,
+        }
+    }
+
+    /// Top-level entries shown from the lib dir over it.
+    pub fn lib_entries(&self) -> &[String] {
+        match self {
+            LazyView::Image(i) => &i.lib_entries,
+            LazyView::Fuse(_) => &[],
+        }
+    }
+}
+
+/// A realm shown by its FUSE server: the kernel asks the server, nothing reaches here. Keeps
+/// the run's hold on the mount ([`crate::fusefs::FuseMount`]) until the run ends.
+pub struct FuseServed {
+    realm: String,
+    bucket: String,
+    mount: crate::fusefs::FuseMount,
+}
+
+impl Resolver for FuseServed {
+    fn lookup<'a>(&'a self, _served: &'a Served, _rest: &Path) -> Lookup<'a> {
+        Lookup::Local
+    }
+
+    fn report(&self) -> Option<String> {
+        Some(format!(
+            "sigma-supervise realm {} ({}): backend lazy (FUSE: the realm's server, pid {}, {}; \
+             each file read through it once while it runs): the server so far: {}\n",
+            self.realm,
+            self.bucket,
+            self.mount.server,
+            if self.mount.started {
+                "started by this run"
+            } else {
+                "already serving"
+            },
+            std::fs::read_to_string(&self.mount.stats)
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_else(|_| "no counters".into()),
         ))
     }
 }

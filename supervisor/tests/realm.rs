@@ -810,9 +810,10 @@ fn kill_9_during_a_cold_import_never_gives_wrong_bytes_and_the_next_run_complete
 
 /// Started by an ordinary user (nobody here): the realm is fetched, installed and served as for
 /// root (the served directory's read-only view is made in a user namespace of the
-/// supervisor's own), and `--lazy` says it falls back to notifications.
+/// supervisor's own); an incomplete realm's lazy backend is the realm's FUSE server (see
+/// tests/fuse.rs).
 #[test]
-fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
+fn an_ordinary_user_gets_realm_libraries_and_its_lazy_backend_is_fuse() {
     use std::os::unix::fs::PermissionsExt;
     if !nix::unistd::geteuid().is_root() {
         eprintln!("SKIP: needs root to become an ordinary user (nobody) for this test");
@@ -897,21 +898,26 @@ fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
     // The realm's cache is the user's own.
     let lib = cache.join("realms/r/lib");
     assert_eq!(std::fs::metadata(&lib).unwrap().uid(), 65534);
-    // By default (`--lazy=auto`) the incomplete realm's second run is served by notification
-    // without a warning about the lazy backend, which needs root (`--stats` says why).
+    // By default (`--lazy=auto`) the incomplete realm's second run is served by the realm's
+    // FUSE server (an ordinary user has no fanotify), which fetches nothing the first run
+    // installed.
+    let _servers = FuseServers(cache.clone(), tmp.path().to_owned());
     let out = run(&[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("backend notification (lazy backend: needs root)")
+        stderr(&out).contains("backend lazy (FUSE: the realm's server")
             && !stderr(&out).contains("serving by notification"),
         "{}",
         stderr(&out)
     );
     assert!(!cache.join("realms/r/lazy-unavailable").exists());
+    assert_eq!(fetched(&out), 0, "installed by the first run");
+    // `--lazy` asks for it outright: the same server answers.
     let out = run(&["--lazy"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("the lazy backend needs root; serving by notification"),
+        stderr(&out).contains("already serving")
+            && !stderr(&out).contains("serving by notification"),
         "{}",
         stderr(&out)
     );
@@ -920,7 +926,13 @@ fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
     // Every package fetched once: a new realm of this user is shown from the store's shared
     // trees, in the user's own namespaces.
     let out = run_as("r", &[], "import demo_v");
-    assert_eq!(fetched(&out), 1);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Fetched by the realm's FUSE server (its counters, since it started: one GET).
+    assert!(
+        stderr(&out).contains("backend lazy (FUSE") && stderr(&out).contains(", 1 GETs"),
+        "{}",
+        stderr(&out)
+    );
     let out = run_as(
         "r2",
         &[],
@@ -934,6 +946,15 @@ fn an_ordinary_user_gets_realm_libraries_and_lazy_says_it_falls_back() {
         stderr(&out)
     );
     assert_eq!(listdir(&cache.join("realms/r2/lib")), Vec::<String>::new());
+}
+
+/// Stops the realm FUSE servers of a cache root (they outlive runs) when a test ends.
+struct FuseServers(PathBuf, PathBuf);
+
+impl Drop for FuseServers {
+    fn drop(&mut self) {
+        interp::stop_fuse_servers(&self.0, &self.1);
+    }
 }
 
 /// A `file://` bucket whose `demo_s` archive is a FIFO: the test decides when its bytes

@@ -69,3 +69,44 @@ pub fn settled(cache: &Path) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Pids of the realms' FUSE servers of the cache root `cache` (argv: the process's name, then
+/// the root).
+#[allow(dead_code)]
+pub fn fuse_servers_of(cache: &Path) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let mut args = cmdline.split(|b| *b == 0);
+        if args.next() == Some(b"sigma-supervise-fuse")
+            && args.next() == Some(cache.as_os_str().as_encoded_bytes())
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Stop the FUSE servers of `cache` (they outlive runs) and detach what they mounted under
+/// `root` (a test's temporary directory): run when a test's directory goes.
+#[allow(dead_code)]
+pub fn stop_fuse_servers(cache: &Path, root: &Path) {
+    for pid in fuse_servers_of(cache) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let root = root.to_string_lossy().into_owned();
+    for mnt in info.lines().filter_map(|l| l.split(' ').nth(4)) {
+        if mnt.starts_with(&root) {
+            let _ = nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}

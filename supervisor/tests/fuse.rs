@@ -1,0 +1,436 @@
+//! The rootless lazy backend end to end: the real binary started by an ordinary user (nobody,
+//! through setpriv), real CPython in its jail, the realm's FUSE server mounted through the
+//! real setuid fusermount3 (fuse3; `scripts/bootstrap` installs it and gives `/dev/fuse` the
+//! mode udev gives it). Needs root to become nobody.
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+extern crate fetcher as sigma_fetcher;
+#[path = "../../fetcher/tests/common/mod.rs"]
+mod common;
+
+mod interp;
+
+const NOBODY: u32 = 65534;
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Two published packages (demo_z with a 3 MB blob, demo_y never touched: the realm stays
+/// incomplete), a cache root and a work dir of nobody's, and the binary where nobody can run
+/// it. Stops the realm's servers and detaches their mounts when dropped.
+struct Setup {
+    tmp: tempfile::TempDir,
+    bin: PathBuf,
+    pkg: PathBuf,
+    bucket: String,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        interp::stop_fuse_servers(&self.cache(), self.tmp.path());
+    }
+}
+
+/// `None` (and a loud SKIP) where this process cannot become nobody.
+fn setup(big: usize) -> Option<Setup> {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to start the supervisor as nobody");
+        return None;
+    }
+    assert!(
+        Path::new("/usr/bin/fusermount3").exists() || Path::new("/bin/fusermount3").exists(),
+        "fusermount3 (fuse3) is needed: scripts/bootstrap installs it"
+    );
+    let mode = std::fs::metadata("/dev/fuse")
+        .expect("/dev/fuse")
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o666,
+        0o666,
+        "/dev/fuse must be 0666 (udev's mode) for an ordinary user's fusermount3: scripts/bootstrap sets it"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = tmp.path().join("sigma-supervise");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_sigma-supervise"), &bin).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_sigma-supervise"), &bin).unwrap();
+    }
+    let pkg = common::make_pkg(&tmp.path().join("src"), "demo_z", big);
+    let other = common::make_pkg(&tmp.path().join("src"), "demo_y", 1000);
+    let dir = tmp.path().join("bucket");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bucket = format!("file://{}", dir.display());
+    let out = interp::supervisor()
+        .args(["publish", "--bucket", &bucket])
+        .arg(&pkg)
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for d in ["cache", "work"] {
+        let d = tmp.path().join(d);
+        std::fs::create_dir(&d).unwrap();
+        nix::unistd::chown(&d, Some(NOBODY.into()), Some(NOBODY.into())).unwrap();
+    }
+    Some(Setup {
+        tmp,
+        bin,
+        pkg,
+        bucket,
+    })
+}
+
+impl Setup {
+    fn cache(&self) -> PathBuf {
+        self.tmp.path().join("cache")
+    }
+
+    /// `sigma-supervise --stats --no-prefetch --realm r … python3 -c CODE` as nobody.
+    fn cmd(&self, extra: &[&str], code: &str) -> Command {
+        let work = self.tmp.path().join("work");
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&self.bin)
+            .args([
+                "--stats",
+                "--no-prefetch",
+                "--realm",
+                "r",
+                "--bucket",
+                &self.bucket,
+            ])
+            .args(extra)
+            .arg("--cache-dir")
+            .arg(self.cache())
+            .args(["/usr/bin/python3", "-c", code])
+            .current_dir(&work)
+            .env_remove("PYTHONPATH")
+            .env_remove("RUST_LOG")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("HOME", &work)
+            .env_remove("XDG_CACHE_HOME");
+        c
+    }
+
+    fn run(&self, code: &str) -> Output {
+        self.run_with(&[], code)
+    }
+
+    fn run_with(&self, extra: &[&str], code: &str) -> Output {
+        let o = self.cmd(extra, code).output().unwrap();
+        eprintln!("--- stdout\n{}--- stderr\n{}", stdout(&o), stderr(&o));
+        interp::settled(&self.cache());
+        o
+    }
+
+    /// A first run that only lists the prefix: the realm's index snapshot, nothing installed;
+    /// served by notification (the server starts with the next run).
+    fn snapshot(&self) {
+        let o = self.run("import os; print(sorted(os.listdir('/sigma/lib')))");
+        assert_eq!(stdout(&o), "['demo_y', 'demo_z']\n", "{}", stderr(&o));
+        assert!(
+            realm_line(&o).contains(
+                "backend notification (lazy backend: its FUSE server is started by the realm's \
+                 second run)"
+            ),
+            "{}",
+            stderr(&o)
+        );
+    }
+
+    fn sha256_of(&self, path: &Path) -> String {
+        let o = Command::new("sha256sum").arg(path).output().unwrap();
+        stdout(&o).split(' ').next().unwrap().to_owned()
+    }
+
+    /// The archive of `name` in the bucket.
+    fn archive(&self, name: &str) -> PathBuf {
+        let pkgs =
+            PathBuf::from(self.bucket.strip_prefix("file://").unwrap()).join("sigma-lib/pkgs");
+        std::fs::read_dir(&pkgs)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(name))
+            .expect("the package's archive")
+    }
+}
+
+fn realm_line(o: &Output) -> String {
+    stderr(o)
+        .lines()
+        .find(|l| l.starts_with("sigma-supervise realm "))
+        .unwrap_or_else(|| panic!("no realm line:\n{}", stderr(o)))
+        .to_owned()
+}
+
+/// The run was served by the realm's FUSE server: its pid.
+fn fuse_server(o: &Output) -> u32 {
+    let line = realm_line(o);
+    assert!(line.contains("backend lazy (FUSE"), "{line}");
+    counter(&line, "pid ") as u32
+}
+
+fn counter(line: &str, after: &str) -> u64 {
+    line.split(after)
+        .nth(1)
+        .and_then(|s| s.split([' ', ';', ',']).next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no {after:?} in {line:?}"))
+}
+
+/// `N reads` in the server's counters.
+fn reads(line: &str) -> u64 {
+    let tail = line
+        .split("the server so far: ")
+        .nth(1)
+        .expect("server counters");
+    tail.split(' ').next().unwrap().parse().unwrap()
+}
+
+fn notifications(o: &Output) -> u64 {
+    counter(&stderr(o), "sigma-supervise stats: ")
+}
+
+#[test]
+fn an_ordinary_users_incomplete_realm_is_served_by_its_fuse_server_at_kernel_speed() {
+    let Some(s) = setup(3_000_000) else { return };
+    s.snapshot();
+    // Listing and stat from the server's memory: the tree and sizes, nothing fetched.
+    let o = s.run(
+        "import os; d='/sigma/lib/demo_z'; print(sorted(os.listdir(d)), os.stat(d+'/blob.bin').st_size)",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "['__init__.py', '__pycache__', 'blob.bin', 'sub'] 3000000\n"
+    );
+    let server = fuse_server(&o);
+    let line = realm_line(&o);
+    assert!(line.contains("started by this run"), "{line}");
+    assert_eq!(counter(&line, "fetched "), 0, "{line}");
+    assert_eq!(counter(&line, "opened "), 0, "{line}");
+    assert_eq!(notifications(&o), 0, "nothing under the prefix is notified");
+    assert!(
+        !s.cache().join("realms/r/lib/demo_z").exists(),
+        "nothing installed by a listing"
+    );
+
+    // Import, mmap of a file never read, hashing: real bytes; the package fetched once.
+    let want = s.sha256_of(&s.pkg.join("blob.bin"));
+    let code = r#"
+import hashlib, mmap
+import demo_z
+from demo_z.sub.mod import f
+print(demo_z.NAME, f())
+with open('/sigma/lib/demo_z/blob.bin', 'rb') as fh:
+    m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+    print(hashlib.sha256(m[:]).hexdigest())
+"#;
+    let o = s.run(code);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("demo_z 42\n{want}\n"));
+    assert_eq!(fuse_server(&o), server, "one server for the realm's runs");
+    let line = realm_line(&o);
+    assert!(line.contains("already serving"), "{line}");
+    assert_eq!(counter(&line, "fetched "), 1, "{line}");
+    assert_eq!(counter(&line, "denied "), 0, "{line}");
+    assert_eq!(notifications(&o), 0);
+    let after_first = reads(&line);
+    assert!(after_first > 0, "{line}");
+
+    // The next run reads everything from the kernel's cache: not one request reaches the
+    // server.
+    let o = s.run(code);
+    assert_eq!(stdout(&o), format!("demo_z 42\n{want}\n"));
+    assert_eq!(reads(&realm_line(&o)), after_first, "{}", realm_line(&o));
+
+    // `cp` and `shutil.copy` in the proc get real bytes.
+    let o = s.run(
+        "import shutil, subprocess, sys\n\
+         subprocess.run(['cp', '/sigma/lib/demo_z/sub/mod.py', '/tmp/c'], check=True)\n\
+         shutil.copy('/sigma/lib/demo_z/__init__.py', '/tmp/i')\n\
+         sys.stdout.write(open('/tmp/c').read() + open('/tmp/i').read())",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let src = |p: &str| std::fs::read_to_string(s.pkg.join(p)).unwrap();
+    assert_eq!(
+        stdout(&o),
+        format!("{}{}", src("sub/mod.py"), src("__init__.py"))
+    );
+
+    // The mount is read-only to the proc, and its user's alone on the host.
+    let o = s.run(
+        "import os\n\
+         try:\n    open('/sigma/lib/demo_z/new', 'w')\nexcept OSError as e: print(e.errno)",
+    );
+    assert_eq!(stdout(&o), "30\n", "EROFS");
+    let mnt = std::fs::read_dir(s.cache().join("realms/r/fuse"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(&format!("-{server}")))
+        .expect("the server's mount point");
+    let root_reads = Command::new("ls").arg(&mnt).output().unwrap();
+    assert!(
+        !root_reads.status.success(),
+        "another user (root) must not reach the mount: {}",
+        stdout(&root_reads)
+    );
+}
+
+#[test]
+fn kill_9_of_the_fuse_server_during_a_fetch_never_gives_zeros_and_the_next_run_reads() {
+    use std::io::Read as _;
+    let Some(s) = setup(4 << 20) else { return };
+    s.snapshot();
+    // demo_z's archive becomes a FIFO only this test writes: the server's fetch waits in it.
+    let archive = s.archive("demo-z");
+    let data = std::fs::read(&archive).unwrap();
+    std::fs::remove_file(&archive).unwrap();
+    nix::unistd::mkfifo(&archive, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    nix::unistd::chown(&archive, Some(NOBODY.into()), None).unwrap();
+    let code = "try:\n    d = open('/sigma/lib/demo_z/blob.bin', 'rb').read(); print('read', len(d), d.count(0))\nexcept OSError as e:\n    print('error', e.errno)";
+    let mut child = s
+        .cmd(&["--fetch-timeout", "60"], code)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let (fifo_path, half) = (archive.clone(), data[..data.len() / 2].to_vec());
+    std::thread::spawn(move || {
+        use std::io::Write as _;
+        let mut fifo = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&fifo_path)
+            .unwrap();
+        let _ = fifo.write_all(&half);
+        let _ = tx.send(());
+        // Held open (no end of file) until the server is gone.
+        let _ = done_rx.recv_timeout(Duration::from_secs(60));
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the server never read the archive");
+    std::thread::sleep(Duration::from_millis(300));
+    let servers = interp::fuse_servers_of(&s.cache());
+    assert_eq!(servers.len(), 1, "one server: {servers:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(servers[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = done_tx.send(());
+    // The reader gets an error, never the zeros of a file not yet there.
+    let start = Instant::now();
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(20));
+    assert!(out.starts_with("error "), "the reader got {out:?}");
+    assert!(status.success(), "the proc handled the error itself");
+
+    // The bytes arrive: the next run starts a server of its own and reads the real file.
+    std::fs::remove_file(&archive).unwrap();
+    std::fs::write(&archive, &data).unwrap();
+    std::fs::set_permissions(&archive, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = s.run(
+        "import hashlib; print(hashlib.sha256(open('/sigma/lib/demo_z/blob.bin','rb').read()).hexdigest())",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), s.sha256_of(&s.pkg.join("blob.bin")));
+    let line = realm_line(&o);
+    assert!(line.contains("started by this run"), "{line}");
+    assert_ne!(fuse_server(&o) as i32, servers[0]);
+    // The dead server's mount is gone (the new server removed it).
+    let left: Vec<String> = std::fs::read_dir(s.cache().join("realms/r/fuse"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(&format!("-{}", servers[0])))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn sixteen_concurrent_procs_share_one_server_and_one_download() {
+    let Some(s) = setup(2_000_000) else { return };
+    s.snapshot();
+    let want = s.sha256_of(&s.pkg.join("blob.bin"));
+    let code = "import hashlib, demo_z; print(hashlib.sha256(open('/sigma/lib/demo_z/blob.bin','rb').read()).hexdigest())";
+    let children: Vec<_> = (0..16)
+        .map(|_| {
+            s.cmd(&[], code)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let mut started = 0;
+    let mut pids = std::collections::HashSet::new();
+    for o in &outs {
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
+        assert_eq!(stdout(o).trim(), want);
+        pids.insert(fuse_server(o));
+        started += usize::from(realm_line(o).contains("started by this run"));
+    }
+    assert_eq!((pids.len(), started), (1, 1), "one server, started once");
+    let o = s.run("pass");
+    assert_eq!(counter(&realm_line(&o), "fetched "), 1, "one download");
+}
+
+#[test]
+fn where_no_fuse_mount_can_be_made_the_run_is_served_by_notification_and_says_why() {
+    let Some(s) = setup(1000) else { return };
+    s.snapshot();
+    // The realm's FUSE dir is a file nobody can replace: no mount point.
+    std::fs::write(s.cache().join("realms/r/fuse"), "").unwrap();
+    let o = s.run("import demo_z; print(demo_z.NAME)");
+    assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
+    let line = realm_line(&o);
+    assert!(
+        line.contains("backend notification (lazy backend: unavailable ("),
+        "{line}"
+    );
+    assert!(
+        std::fs::read_to_string(s.cache().join("realms/r/lazy-unavailable"))
+            .unwrap()
+            .contains("fuse"),
+        "remembered"
+    );
+    // `--lazy` tries again and says so on stderr.
+    let o = s.run_with(&["--lazy"], "import demo_z");
+    assert_eq!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o).contains("lazy backend unavailable (")
+            && stderr(&o).contains("serving by notification"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(interp::fuse_servers_of(&s.cache()).is_empty());
+}
