@@ -14,6 +14,13 @@
 //! file is verified, not when the package is), then every waiting read is answered. A fetch
 //! that fails answers EIO: an error, never zeros or a wrong byte.
 //!
+//! Packages the realm has installed from the snapshot's archives are shown from its lib dir
+//! over the mount (a bind per top-level entry, as over the root's image): the server serves
+//! only what is not installed yet, and a package it fetches is installed, so the runs after
+//! its first touch read it from the lib dir. Through FUSE, every `ioctl` reaches the server
+//! (Python's `open()` asks `isatty`, ~80 times in `import numpy`) and some mapped pages are
+//! read again by each run: the lib dir is the faster path.
+//!
 //! The kernel keeps what it was told: entries and attributes for a year (a snapshot's names
 //! and sizes never change; a new snapshot is a new mount), file pages across opens (`open` and
 //! `flush` answered ENOSYS: the kernel stops asking and keeps its cache), directory listings
@@ -72,9 +79,6 @@ const FUSERMOUNT: [&str; 3] = [
     "/usr/local/bin/fusermount3",
 ];
 
-/// `FUSE_SUPER_MAGIC`.
-const FUSE_MAGIC: i64 = 0x6573_5546;
-
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LazyError + 'a {
     move |source| LazyError::Io {
         op,
@@ -98,6 +102,12 @@ pub struct FuseMount {
     pub started: bool,
     /// The server's counters ([`Content::record`]).
     pub stats: PathBuf,
+    /// The snapshot's packages and their archives (package → sha256), as the server wrote
+    /// them.
+    pub packages: std::collections::HashMap<String, String>,
+    /// Top-level entries of installed packages, shown from the lib dir over the mount (set by
+    /// the run: [`crate::lazyfs::entries_from_lib`]).
+    pub lib_entries: Vec<String>,
     /// `fuse/users`, held shared while this run may show the mount: the server stays.
     _users: Flock<std::fs::File>,
 }
@@ -132,6 +142,8 @@ pub fn attach(
                 server: pid,
                 started: false,
                 stats: stats_file(&base, key),
+                packages: crate::lazyfs::read_packages(&packages_file(&base, key)),
+                lib_entries: Vec::new(),
                 _users: users,
             });
         }
@@ -159,6 +171,8 @@ pub fn attach(
             server: pid,
             started: true,
             stats: stats_file(&base, key),
+            packages: crate::lazyfs::read_packages(&packages_file(&base, key)),
+            lib_entries: Vec::new(),
             _users: users,
         }),
         other => Err(LazyError::Command {
@@ -218,6 +232,11 @@ fn stats_file(base: &Path, key: &str) -> PathBuf {
     base.join(format!("{key}.stats"))
 }
 
+/// The packages of snapshot `key` ([`crate::lazyfs::packages_text`], written by its server).
+fn packages_file(base: &Path, key: &str) -> PathBuf {
+    base.join(format!("{key}.packages"))
+}
+
 /// The pid of the server of snapshot `key`, if one holds its lock.
 fn serving(base: &Path, key: &str) -> Option<u32> {
     match lock_file(
@@ -234,7 +253,8 @@ fn serving(base: &Path, key: &str) -> Option<u32> {
 
 /// Whether `mnt` is the root of a FUSE mount.
 fn is_fuse(mnt: &Path) -> bool {
-    nix::sys::statfs::statfs(mnt).is_ok_and(|s| s.filesystem_type().0 == FUSE_MAGIC)
+    nix::sys::statfs::statfs(mnt)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC)
 }
 
 fn fusermount() -> Option<&'static str> {
@@ -347,6 +367,11 @@ fn start() -> Result<(fuser::Session<RealmFs>, Holds), LazyError> {
         .and_then(|m| m.modified())
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let tree = Tree::of(&index, mtime);
+    fetcher::cache::write_renamed(
+        &packages_file(&base, &key),
+        crate::lazyfs::packages_text(&index).as_bytes(),
+    )
+    .map_err(|e| bad(&e.to_string()))?;
     let cfg = FetchConfig {
         overall_timeout: Duration::from_secs_f64(timeout),
         ..FetchConfig::default()
@@ -620,6 +645,11 @@ struct Content {
     /// Read requests (the kernel asks only for pages it does not have), files opened in the
     /// store (`waited`: of them, after a fetch), reads answered EIO.
     reads: AtomicU64,
+    /// Other requests: lookups (`missed`: of names the snapshot lacks), getattrs, readdirs.
+    lookups: AtomicU64,
+    missed: AtomicU64,
+    getattrs: AtomicU64,
+    readdirs: AtomicU64,
     opened: AtomicU64,
     waited: AtomicU64,
     denied: AtomicU64,
@@ -703,9 +733,13 @@ impl Content {
     fn record(&self) {
         let c = self.cache.stats();
         let line = format!(
-            "{} reads; opened {} files ({} after a fetch); denied {}; fetched {} packages, {} \
-             bytes, {} GETs\n",
+            "{} reads; {} lookups ({} missed), {} getattrs, {} readdirs; opened {} files ({} \
+             after a fetch); denied {}; fetched {} packages, {} bytes, {} GETs\n",
             self.reads.load(Ordering::Relaxed),
+            self.lookups.load(Ordering::Relaxed),
+            self.missed.load(Ordering::Relaxed),
+            self.getattrs.load(Ordering::Relaxed),
+            self.readdirs.load(Ordering::Relaxed),
             self.opened.load(Ordering::Relaxed),
             self.waited.load(Ordering::Relaxed),
             self.denied.load(Ordering::Relaxed),
@@ -778,6 +812,10 @@ impl RealmFs {
             born: Instant::now(),
             last: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            lookups: AtomicU64::new(0),
+            missed: AtomicU64::new(0),
+            getattrs: AtomicU64::new(0),
+            readdirs: AtomicU64::new(0),
             opened: AtomicU64::new(0),
             waited: AtomicU64::new(0),
             denied: AtomicU64::new(0),
@@ -829,20 +867,27 @@ impl Filesystem for RealmFs {
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
         let c = &self.content;
         c.touch();
+        c.lookups.fetch_add(1, Ordering::Relaxed);
         let found = match (c.tree.node(parent).map(|n| &n.kind), name.to_str()) {
             (Some(Kind::Dir(children)), Some(name)) => children.get(name).copied(),
             (Some(_), _) => None,
             (None, _) => return reply.error(libc::ENOENT),
         };
-        match found.and_then(|ino| c.tree.attr(ino)) {
-            Some(attr) => reply.entry(&TTL, &attr, 0),
-            // Remembered by the kernel too (a negative entry): the snapshot has no such name.
-            None => reply.error(libc::ENOENT),
+        match (found.and_then(|ino| c.tree.attr(ino)), c.tree.attr(1)) {
+            (Some(attr), _) => reply.entry(&TTL, &attr, 0),
+            // Node 0: "no such name" that the kernel keeps (a negative entry) for as long as
+            // any other; an error would be asked again at every lookup.
+            (None, Some(root)) => {
+                c.missed.fetch_add(1, Ordering::Relaxed);
+                reply.entry(&TTL, &FileAttr { ino: 0, ..root }, 0)
+            }
+            (None, None) => reply.error(libc::ENOENT),
         }
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
         self.content.touch();
+        self.content.getattrs.fetch_add(1, Ordering::Relaxed);
         match self.content.tree.attr(ino) {
             Some(attr) => reply.attr(&TTL, &attr),
             None => reply.error(libc::ENOENT),
@@ -924,6 +969,7 @@ impl Filesystem for RealmFs {
     ) {
         let c = &self.content;
         c.touch();
+        c.readdirs.fetch_add(1, Ordering::Relaxed);
         let Some(node) = c.tree.node(ino) else {
             return reply.error(libc::ENOENT);
         };

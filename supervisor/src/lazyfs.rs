@@ -217,10 +217,7 @@ impl LazyImage {
                 .values()
                 .map(|p| (p.name.clone(), p.archive.sha256.clone()))
                 .collect();
-            let mut text = String::new();
-            for (name, sha) in &packages {
-                text.push_str(&format!("{name} {sha}\n"));
-            }
+            let text = packages_text(index);
             fetcher::cache::write_renamed(&packages_path, text.as_bytes()).map_err(|e| {
                 LazyError::Io {
                     op: "write",
@@ -239,14 +236,7 @@ impl LazyImage {
             (Files::Made(files), packages)
         } else {
             // Missing (an image made by an older build): every package is filled into it.
-            let packages = std::fs::read_to_string(&packages_path)
-                .map(|t| {
-                    t.lines()
-                        .filter_map(|l| l.split_once(' '))
-                        .map(|(n, sha)| (n.to_owned(), sha.to_owned()))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let packages = read_packages(&packages_path);
             (Files::Map(map), packages)
         };
         let filled_log = base.join(format!("{key}.filled"));
@@ -277,13 +267,7 @@ impl LazyImage {
     /// them from the installed files, with nothing copied into the image. An entry is one
     /// normal name (the index checks them; checked again, as it names a mount point).
     pub fn entries_from_lib(&self, installed: &[fetcher::InstalledPackage]) -> Vec<String> {
-        installed
-            .iter()
-            .filter(|p| self.packages.get(&p.name) == Some(&p.archive_sha256))
-            .flat_map(|p| p.entries.iter())
-            .filter(|e| one_name(e))
-            .cloned()
-            .collect()
+        entries_from_lib(&self.packages, installed)
     }
 
     /// Mark the proc's own mount of the image: `prefix` as process `pid` sees it (the jail's
@@ -318,6 +302,44 @@ impl LazyImage {
         )
         .map_err(|source| LazyError::Fanotify { op: "mark", source })
     }
+}
+
+/// The top-level entries of `installed` packages installed from the archive `packages` names
+/// for them (package → archive sha256): shown from the realm's lib dir over a lazy view of the
+/// snapshot. An entry is one normal name (the index checks them; checked again, as it names a
+/// mount point).
+pub fn entries_from_lib(
+    packages: &HashMap<String, String>,
+    installed: &[fetcher::InstalledPackage],
+) -> Vec<String> {
+    installed
+        .iter()
+        .filter(|p| packages.get(&p.name) == Some(&p.archive_sha256))
+        .flat_map(|p| p.entries.iter())
+        .filter(|e| one_name(e))
+        .cloned()
+        .collect()
+}
+
+/// `NAME SHA256` lines: a snapshot's packages and their archives.
+pub fn packages_text(index: &Index) -> String {
+    let mut text = String::new();
+    for p in index.packages().values() {
+        text.push_str(&format!("{} {}\n", p.name, p.archive.sha256));
+    }
+    text
+}
+
+/// [`packages_text`] read back (empty if unreadable).
+pub fn read_packages(path: &Path) -> HashMap<String, String> {
+    std::fs::read_to_string(path)
+        .map(|t| {
+            t.lines()
+                .filter_map(|l| l.split_once(' '))
+                .map(|(n, sha)| (n.to_owned(), sha.to_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// argv[0] of the process that makes a realm's image off the run's path ([`prepare_main`],

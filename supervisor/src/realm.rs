@@ -509,19 +509,26 @@ impl RealmPlan {
                     let _ = std::fs::remove_file(&unavailable);
                 }
                 // Packages installed already are shown from the lib dir (none if unreadable:
-                // then their placeholders are filled like the others'). The FUSE server keeps
-                // what it has read for every run of the realm: nothing to show over it.
-                if let LazyView::Image(img) = &mut view {
-                    match fetcher::installed_packages(&self.root, &self.opts.realm) {
-                        Ok(installed) => {
-                            img.lib_entries = img.entries_from_lib(&installed);
-                            // A marker whose entry is gone (removed by hand): its placeholder
-                            // stays.
-                            img.lib_entries
-                                .retain(|e| self.lib.join(e).symlink_metadata().is_ok());
-                        }
-                        Err(e) => tracing::debug!(error = %e, "installed packages unreadable"),
+                // then their placeholders are filled like the others'): the kernel serves them
+                // from the installed files, without a FUSE request either.
+                match fetcher::installed_packages(&self.root, &self.opts.realm) {
+                    Ok(installed) => {
+                        let (entries, packages) = match &mut view {
+                            LazyView::Image(img) => {
+                                let e = img.entries_from_lib(&installed);
+                                (&mut img.lib_entries, e)
+                            }
+                            LazyView::Fuse(m) => {
+                                let e = crate::lazyfs::entries_from_lib(&m.packages, &installed);
+                                (&mut m.lib_entries, e)
+                            }
+                        };
+                        *entries = packages;
+                        // A marker whose entry is gone (removed by hand): its placeholder
+                        // stays.
+                        entries.retain(|e| self.lib.join(e).symlink_metadata().is_ok());
                     }
+                    Err(e) => tracing::debug!(error = %e, "installed packages unreadable"),
                 }
                 Ok(view)
             }
@@ -864,7 +871,7 @@ impl LazyView {
     pub fn lib_entries(&self) -> &[String] {
         match self {
             LazyView::Image(i) => &i.lib_entries,
-            LazyView::Fuse(_) => &[],
+            LazyView::Fuse(f) => &f.lib_entries,
         }
     }
 }
@@ -885,7 +892,7 @@ impl Resolver for FuseServed {
     fn report(&self) -> Option<String> {
         Some(format!(
             "sigma-supervise realm {} ({}): backend lazy (FUSE: the realm's server, pid {}, {}; \
-             each file read through it once while it runs): the server so far: {}\n",
+             {} installed entries shown from the lib dir): the server so far: {}\n",
             self.realm,
             self.bucket,
             self.mount.server,
@@ -894,6 +901,7 @@ impl Resolver for FuseServed {
             } else {
                 "already serving"
             },
+            self.mount.lib_entries.len(),
             std::fs::read_to_string(&self.mount.stats)
                 .map(|s| s.trim().to_owned())
                 .unwrap_or_else(|_| "no counters".into()),

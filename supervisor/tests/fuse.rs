@@ -253,11 +253,16 @@ with open('/sigma/lib/demo_z/blob.bin', 'rb') as fh:
     let after_first = reads(&line);
     assert!(after_first > 0, "{line}");
 
-    // The next run reads everything from the kernel's cache: not one request reaches the
-    // server.
+    // The server installed the package: the next run shows it from the realm's lib dir over
+    // the mount, and not one read reaches the server.
     let o = s.run(code);
     assert_eq!(stdout(&o), format!("demo_z 42\n{want}\n"));
-    assert_eq!(reads(&realm_line(&o)), after_first, "{}", realm_line(&o));
+    let line = realm_line(&o);
+    assert_eq!(reads(&line), after_first, "{line}");
+    assert!(
+        line.contains("1 installed entries shown from the lib dir"),
+        "{line}"
+    );
 
     // `cp` and `shutil.copy` in the proc get real bytes.
     let o = s.run(
