@@ -94,7 +94,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// A realm's FUSE mount as a run shows it: bound read-only at the prefix by the jail.
 pub struct FuseMount {
-    /// The mount on the host (`<realm>/fuse/<key>`).
+    /// The mount on the host (`<realm>/fuse/<key>-<server's pid>`).
     pub mnt: PathBuf,
     /// The server's pid (for `--stats`).
     pub server: u32,
@@ -160,13 +160,23 @@ pub fn attach(
         .stdout(std::process::Stdio::from(tx))
         .spawn()
         .map_err(io("start", Path::new(FUSE_ARG0)))?;
+    let mut child = child;
     let pid = child.id();
-    // Not waited for: it outlives this run (reaped by init once this process has exited).
-    drop(child);
     let line = read_line_within(rx, START_BOUND);
     let mnt = mount_dir(&base, key, pid);
+    let ready = line.as_deref() == Some("ready") && is_fuse(&mnt);
+    if !ready {
+        // It exits after its `err` line; any other is stopped (nothing in time, or a mount
+        // that is not there).
+        if !line.as_deref().is_some_and(|l| l.starts_with("err ")) {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+    // A server that is ready is not waited for: it outlives this run (reaped by init once
+    // this process has exited).
     match line.as_deref() {
-        Some("ready") if is_fuse(&mnt) => Ok(FuseMount {
+        Some("ready") if ready => Ok(FuseMount {
             mnt,
             server: pid,
             started: true,
