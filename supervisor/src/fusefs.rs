@@ -39,7 +39,7 @@
 //! served by notification and `--stats` says why).
 #![forbid(unsafe_code)]
 
-use crate::lazyfs::LazyError;
+use crate::lazyfs::{io, lock, lock_file, LazyError};
 use fetcher::store::{lazy::LazyStore, StoreOptions};
 use fetcher::{FetchConfig, Index, RealmCache};
 use fuser::{
@@ -78,19 +78,6 @@ const FUSERMOUNT: [&str; 3] = [
     "/bin/fusermount3",
     "/usr/local/bin/fusermount3",
 ];
-
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LazyError + 'a {
-    move |source| LazyError::Io {
-        op,
-        path: path.to_owned(),
-        source,
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Single inserts and removals: a panic cannot leave these inconsistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A realm's FUSE mount as a run shows it: bound read-only at the prefix by the jail.
 pub struct FuseMount {
@@ -134,18 +121,18 @@ pub fn attach(
     let users = lock_file(&base.join("users"), FlockArg::LockShared)?;
     // One run at a time looks for a server and starts one.
     let _start = lock_file(&base.join("start"), FlockArg::LockExclusive)?;
+    let shown = |server: u32, started: bool, users| FuseMount {
+        mnt: mount_dir(&base, key, server),
+        server,
+        started,
+        stats: stats_file(&base, key),
+        packages: crate::lazyfs::read_packages(&packages_file(&base, key)),
+        lib_entries: Vec::new(),
+        _users: users,
+    };
     if let Some(pid) = serving(&base, key) {
-        let mnt = mount_dir(&base, key, pid);
-        if is_fuse(&mnt) {
-            return Ok(FuseMount {
-                mnt,
-                server: pid,
-                started: false,
-                stats: stats_file(&base, key),
-                packages: crate::lazyfs::read_packages(&packages_file(&base, key)),
-                lib_entries: Vec::new(),
-                _users: users,
-            });
+        if is_fuse(&mount_dir(&base, key, pid)) {
+            return Ok(shown(pid, false, users));
         }
     }
     let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
@@ -163,8 +150,7 @@ pub fn attach(
     let mut child = child;
     let pid = child.id();
     let line = read_line_within(rx, START_BOUND);
-    let mnt = mount_dir(&base, key, pid);
-    let ready = line.as_deref() == Some("ready") && is_fuse(&mnt);
+    let ready = line.as_deref() == Some("ready") && is_fuse(&mount_dir(&base, key, pid));
     if !ready {
         // It exits after its `err` line; any other is stopped (nothing in time, or a mount
         // that is not there).
@@ -176,15 +162,7 @@ pub fn attach(
     // A server that is ready is not waited for: it outlives this run (reaped by init once
     // this process has exited).
     match line.as_deref() {
-        Some("ready") if ready => Ok(FuseMount {
-            mnt,
-            server: pid,
-            started: true,
-            stats: stats_file(&base, key),
-            packages: crate::lazyfs::read_packages(&packages_file(&base, key)),
-            lib_entries: Vec::new(),
-            _users: users,
-        }),
+        Some("ready") if ready => Ok(shown(pid, true, users)),
         other => Err(LazyError::Command {
             command: FUSE_ARG0.into(),
             cause: match other {
@@ -269,20 +247,6 @@ fn is_fuse(mnt: &Path) -> bool {
 
 fn fusermount() -> Option<&'static str> {
     FUSERMOUNT.into_iter().find(|p| Path::new(p).exists())
-}
-
-/// `path` (created if missing), locked `how`.
-fn lock_file(path: &Path, how: FlockArg) -> Result<Flock<std::fs::File>, LazyError> {
-    let file = fetcher::cache::open_lock(path).map_err(|e| LazyError::Io {
-        op: "open",
-        path: path.to_owned(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
-    Flock::lock(file, how).map_err(|(_, e)| LazyError::Io {
-        op: "flock",
-        path: path.to_owned(),
-        source: e.into(),
-    })
 }
 
 /// A server's whole life (argv: `CACHE_ROOT REALM_DIR KEY BUCKET FETCH_TIMEOUT`; stdout a pipe

@@ -68,7 +68,10 @@ pub enum LazyError {
     },
 }
 
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LazyError + 'a {
+pub(crate) fn io<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> LazyError + 'a {
     move |source| LazyError::Io {
         op,
         path: path.to_owned(),
@@ -539,7 +542,7 @@ pub fn retire(realm_dir: &Path) {
 }
 
 /// `path` (created if missing: [`fetcher::cache::open_lock`]), locked `how`.
-fn lock_file(path: &Path, how: FlockArg) -> Result<Flock<std::fs::File>, LazyError> {
+pub(crate) fn lock_file(path: &Path, how: FlockArg) -> Result<Flock<std::fs::File>, LazyError> {
     let file = fetcher::cache::open_lock(path).map_err(|e| LazyError::Io {
         op: "open",
         path: path.to_owned(),
@@ -900,7 +903,7 @@ impl Server {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Single inserts and removals: a panic cannot leave these inconsistent.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

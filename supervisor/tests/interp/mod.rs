@@ -32,10 +32,10 @@ pub fn supervisor() -> Command {
     c
 }
 
-/// Pids of the fill processes installing into the cache root `cache`, and of the processes
-/// making a realm's lazy image there (argv: the process's name, then the root).
+/// Pids of the processes named one of `names` (argv[0]) whose next argument is the cache root
+/// `cache`.
 #[allow(dead_code)]
-pub fn fills_of(cache: &Path) -> Vec<i32> {
+fn procs_of(names: &[&[u8]], cache: &Path) -> Vec<i32> {
     let mut pids = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
@@ -45,15 +45,23 @@ pub fn fills_of(cache: &Path) -> Vec<i32> {
             continue;
         };
         let mut args = cmdline.split(|b| *b == 0);
-        if matches!(
-            args.next(),
-            Some(b"sigma-supervise-fill" | b"sigma-supervise-lazy-prepare")
-        ) && args.next() == Some(cache.as_os_str().as_encoded_bytes())
+        if args.next().is_some_and(|a| names.contains(&a))
+            && args.next() == Some(cache.as_os_str().as_encoded_bytes())
         {
             pids.push(pid);
         }
     }
     pids
+}
+
+/// Pids of the fill processes installing into the cache root `cache`, and of the processes
+/// making a realm's lazy image there.
+#[allow(dead_code)]
+pub fn fills_of(cache: &Path) -> Vec<i32> {
+    procs_of(
+        &[b"sigma-supervise-fill", b"sigma-supervise-lazy-prepare"],
+        cache,
+    )
 }
 
 /// Wait until no fill process installs into `cache` and no lazy image is being made there (at
@@ -70,26 +78,10 @@ pub fn settled(cache: &Path) {
     }
 }
 
-/// Pids of the realms' FUSE servers of the cache root `cache` (argv: the process's name, then
-/// the root).
+/// Pids of the realms' FUSE servers of the cache root `cache`.
 #[allow(dead_code)]
 pub fn fuse_servers_of(cache: &Path) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let mut args = cmdline.split(|b| *b == 0);
-        if args.next() == Some(b"sigma-supervise-fuse")
-            && args.next() == Some(cache.as_os_str().as_encoded_bytes())
-        {
-            pids.push(pid);
-        }
-    }
-    pids
+    procs_of(&[b"sigma-supervise-fuse"], cache)
 }
 
 /// Stop the FUSE servers of `cache` (they outlive runs) and detach what they mounted under
