@@ -95,6 +95,8 @@ pub struct FuseMount {
     /// Top-level entries of installed packages, shown from the lib dir over the mount (set by
     /// the run: [`crate::lazyfs::entries_from_lib`]).
     pub lib_entries: Vec<String>,
+    /// Why root's image could not be had, where root's run is served by FUSE instead.
+    pub image_why: Option<String>,
     /// `fuse/users`, held shared while this run may show the mount: the server stays.
     _users: Flock<std::fs::File>,
 }
@@ -128,6 +130,7 @@ pub fn attach(
         stats: stats_file(&base, key),
         packages: crate::lazyfs::read_packages(&packages_file(&base, key)),
         lib_entries: Vec::new(),
+        image_why: None,
         _users: users,
     };
     if let Some(pid) = serving(&base, key) {
@@ -143,6 +146,13 @@ pub fn attach(
         .arg(key)
         .arg(bucket)
         .arg(fetch_timeout.to_string())
+        // Root's procs run as ids of their own: the mount must let other users in (the
+        // modes, read-only, decide; root's cache root is root's alone to reach on the host).
+        .arg(if nix::unistd::geteuid().is_root() {
+            "others"
+        } else {
+            "owner"
+        })
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::from(tx))
         .spawn()
@@ -249,8 +259,8 @@ fn fusermount() -> Option<&'static str> {
     FUSERMOUNT.into_iter().find(|p| Path::new(p).exists())
 }
 
-/// A server's whole life (argv: `CACHE_ROOT REALM_DIR KEY BUCKET FETCH_TIMEOUT`; stdout a pipe
-/// to the run that started it, told `ready` once mounted or `err <why>`).
+/// A server's whole life (argv: `CACHE_ROOT REALM_DIR KEY BUCKET FETCH_TIMEOUT owner|others`;
+/// stdout a pipe to the run that started it, told `ready` once mounted or `err <why>`).
 pub fn main() -> ! {
     // Nothing else of the supervisor's (its parent's descriptors) stays open here.
     jail::close_fds_from(3);
@@ -287,12 +297,13 @@ type Holds = Flock<std::fs::File>;
 
 fn start() -> Result<(fuser::Session<RealmFs>, Holds), LazyError> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let [root, realm_dir, key, bucket, timeout] = args.as_slice() else {
+    let [root, realm_dir, key, bucket, timeout, who] = args.as_slice() else {
         return Err(LazyError::Command {
             command: FUSE_ARG0.into(),
-            cause: "usage: CACHE_ROOT REALM_DIR KEY BUCKET FETCH_TIMEOUT".into(),
+            cause: "usage: CACHE_ROOT REALM_DIR KEY BUCKET FETCH_TIMEOUT owner|others".into(),
         });
     };
+    let others = who == "others";
     let (root, realm_dir) = (Path::new(root), Path::new(realm_dir));
     let key = key.to_string_lossy().into_owned();
     let bucket = bucket.to_string_lossy().into_owned();
@@ -360,7 +371,7 @@ fn start() -> Result<(fuser::Session<RealmFs>, Holds), LazyError> {
     let store: Arc<dyn fetcher::Store> =
         Arc::new(LazyStore::new(&bucket, &StoreOptions::default(), &cfg).map_err(fetch_err)?);
     let cache = RealmCache::open(root, &realm, store, cfg).map_err(fetch_err)?;
-    let fd = mount(&mnt)?;
+    let fd = mount(&mnt, others)?;
     let fs = RealmFs::start(tree, Arc::new(cache), rt, stats_file(&base, &key))?;
     fs.content.record();
     let idle = fs.content.clone();
@@ -372,7 +383,12 @@ fn start() -> Result<(fuser::Session<RealmFs>, Holds), LazyError> {
         .name("sigma-fuse-idle".into())
         .spawn(move || idle_exit(&idle, &users, &mnt))
         .map_err(io("spawn", Path::new("sigma-fuse-idle")))?;
-    let session = fuser::Session::from_fd(fs, fd, fuser::SessionACL::Owner);
+    let acl = if others {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
+    let session = fuser::Session::from_fd(fs, fd, acl);
     Ok((session, held))
 }
 
@@ -393,7 +409,8 @@ fn idle_exit(content: &Content, users: &Path, mnt: &Path) {
 }
 
 /// Mount a FUSE filesystem at `mnt` through fusermount3: its `/dev/fuse` descriptor.
-fn mount(mnt: &Path) -> Result<OwnedFd, LazyError> {
+/// `others`: `allow_other` (root's procs run as ids of their own).
+fn mount(mnt: &Path, others: bool) -> Result<OwnedFd, LazyError> {
     let helper = fusermount().ok_or_else(|| LazyError::Command {
         command: "fusermount3".into(),
         cause: "not installed".into(),
@@ -406,9 +423,12 @@ fn mount(mnt: &Path) -> Result<OwnedFd, LazyError> {
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
     )
     .map_err(|e| io("fcntl", Path::new(helper))(e.into()))?;
-    let opts = "ro,nodev,nosuid,default_permissions,fsname=sigma-realm,subtype=sigma-realm";
+    let opts = format!(
+        "ro,nodev,nosuid,default_permissions,fsname=sigma-realm,subtype=sigma-realm{}",
+        if others { ",allow_other" } else { "" }
+    );
     let child = std::process::Command::new(helper)
-        .args(["-o", opts, "--"])
+        .args(["-o", &opts, "--"])
         .arg(mnt)
         .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
         .stdin(std::process::Stdio::null())

@@ -456,10 +456,12 @@ pub fn snapshot_index(realm_dir: &Path, bucket: &str) -> Result<Index, LazyError
 /// Keep why no image could be made in the realm's `lazy-unavailable` (default runs do not
 /// try again for a day).
 pub fn remember_unavailable(realm_dir: &Path, e: &LazyError) {
-    let _ = fetcher::cache::write_renamed(
-        &realm_dir.join("lazy-unavailable"),
-        format!("{e}\n").as_bytes(),
-    );
+    remember(&realm_dir.join("lazy-unavailable"), e);
+}
+
+/// Keep why a lazy backend could not be had in `marker`.
+pub fn remember(marker: &Path, e: &LazyError) {
+    let _ = fetcher::cache::write_renamed(marker, format!("{e}\n").as_bytes());
 }
 
 /// `e` is one normal path component (`numpy`, `six.py`): not empty, `.`, `..` or a path.

@@ -132,6 +132,11 @@ fn recent(path: &Path, age: std::time::Duration) -> bool {
         .is_some_and(|e| e < age)
 }
 
+/// A realm's memory of why its image could not be made (root's lazy backend).
+const IMAGE_UNAVAILABLE: &str = "lazy-unavailable";
+/// ... and why its FUSE server could not be had.
+const FUSE_UNAVAILABLE: &str = "fuse-unavailable";
+
 /// See [`RealmOpts::lazy`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lazy {
@@ -431,13 +436,35 @@ impl RealmPlan {
         if !loud && self.snapshot_fetched {
             return Err(second_run());
         }
-        let unavailable = self.realm_dir.join("lazy-unavailable");
-        if !loud && recent(&unavailable, std::time::Duration::from_secs(24 * 3600)) {
-            let why = std::fs::read_to_string(&unavailable).unwrap_or_default();
-            return Err(format!(
-                "unavailable ({}); tried again after a day, or with --lazy",
-                why.lines().next().unwrap_or("?")
-            ));
+        // Why a backend could not be had within the last day (not tried again but with
+        // `--lazy`): the image's (root's), the FUSE server's.
+        let remembered = |name: &str| {
+            let marker = self.realm_dir.join(name);
+            recent(&marker, std::time::Duration::from_secs(24 * 3600)).then(|| {
+                let why = std::fs::read_to_string(&marker).unwrap_or_default();
+                why.lines().next().unwrap_or("?").to_owned()
+            })
+        };
+        let tried_again =
+            |why: String| format!("unavailable ({why}); tried again after a day, or with --lazy");
+        // Root's backend is the image; where none can be made (an older kernel), and for an
+        // ordinary user, the realm's FUSE server, which a jail shows.
+        let image_why = if root && !loud {
+            remembered(IMAGE_UNAVAILABLE)
+        } else {
+            None
+        };
+        let fuse = !root || image_why.is_some();
+        if fuse && !jailed {
+            return Err(tried_again(image_why.unwrap_or_default()));
+        }
+        if fuse && !loud {
+            if let Some(why) = remembered(FUSE_UNAVAILABLE) {
+                return Err(tried_again(match image_why {
+                    Some(i) => format!("{i}; FUSE: {why}"),
+                    None => why,
+                }));
+            }
         }
         let snapshot = self.realm_dir.join("index.json");
         // The image's name, remembered with the snapshot's identity (written once, by rename):
@@ -464,8 +491,8 @@ impl RealmPlan {
                 k
             }
         };
-        if !root {
-            return self.fuse_mount(&key, loud);
+        if fuse {
+            return self.fuse_mount(&key, loud, image_why);
         }
         if !jailed && !self.host_mount_point() {
             return Err("no mount point for the prefix".into());
@@ -480,29 +507,40 @@ impl RealmPlan {
         }
         let index = || loaded.map_or_else(load, Ok);
         let made = crate::lazyfs::LazyImage::prepare_keyed(&self.realm_dir, &key, index);
-        self.lazy_or_why(made.map(LazyView::Image), loud)
+        self.lazy_or_why(made.map(LazyView::Image), loud, IMAGE_UNAVAILABLE)
     }
 
     /// The realm's FUSE mount of snapshot `key` (its server started if none serves it).
-    fn fuse_mount(&mut self, key: &str, loud: bool) -> Result<LazyView, String> {
+    /// `image_why`: why root's image could not be had (for `--stats`).
+    fn fuse_mount(
+        &mut self,
+        key: &str,
+        loud: bool,
+        image_why: Option<String>,
+    ) -> Result<LazyView, String> {
         let m = crate::fusefs::attach(
             &self.root,
             &self.realm_dir,
             key,
             &self.bucket,
             self.opts.fetch_timeout,
-        );
-        self.lazy_or_why(m.map(LazyView::Fuse), loud)
+        )
+        .map(|mut m| {
+            m.image_why = image_why;
+            m
+        });
+        self.lazy_or_why(m.map(LazyView::Fuse), loud, FUSE_UNAVAILABLE)
     }
 
-    /// `made`, or why not: said on stderr with `--lazy`, remembered for a day (see
-    /// [`lazy_image`](Self::lazy_image)).
+    /// `made`, or why not: said on stderr with `--lazy`, remembered for a day in the realm's
+    /// `marker` (see [`lazy_image`](Self::lazy_image)).
     fn lazy_or_why(
         &mut self,
         made: Result<LazyView, crate::lazyfs::LazyError>,
         loud: bool,
+        marker: &str,
     ) -> Result<LazyView, String> {
-        let unavailable = self.realm_dir.join("lazy-unavailable");
+        let unavailable = self.realm_dir.join(marker);
         match made {
             Ok(mut view) => {
                 if loud {
@@ -543,7 +581,7 @@ impl RealmPlan {
                     tracing::info!(realm = %self.opts.realm, "lazy backend unavailable ({e}); \
                                    serving by notification");
                 }
-                crate::lazyfs::remember_unavailable(&self.realm_dir, &e);
+                crate::lazyfs::remember(&unavailable, &e);
                 Err(format!("unavailable ({e})"))
             }
         }
@@ -891,10 +929,16 @@ impl Resolver for FuseServed {
 
     fn report(&self) -> Option<String> {
         Some(format!(
-            "sigma-supervise realm {} ({}): backend lazy (FUSE: the realm's server, pid {}, {}; \
-             {} installed entries shown from the lib dir): the server so far: {}\n",
+            "sigma-supervise realm {} ({}): backend lazy (FUSE{}: the realm's server, pid {}, \
+             {}; {} installed entries shown from the lib dir): the server so far: {}\n",
             self.realm,
             self.bucket,
+            match &self.mount.image_why {
+                Some(why) => format!(
+                    "; no image: unavailable ({why}), tried again after a day, or with --lazy"
+                ),
+                None => String::new(),
+            },
             self.mount.server,
             if self.mount.started {
                 "started by this run"

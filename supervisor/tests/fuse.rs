@@ -423,7 +423,7 @@ fn where_no_fuse_mount_can_be_made_the_run_is_served_by_notification_and_says_wh
         "{line}"
     );
     assert!(
-        std::fs::read_to_string(s.cache().join("realms/r/lazy-unavailable"))
+        std::fs::read_to_string(s.cache().join("realms/r/fuse-unavailable"))
             .unwrap()
             .contains("fuse"),
         "remembered"
