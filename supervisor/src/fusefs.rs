@@ -147,7 +147,7 @@ pub fn attach(
         .arg(bucket)
         .arg(fetch_timeout.to_string())
         // Root's procs run as ids of their own: the mount must let other users in (the
-        // modes, read-only, decide; root's cache root is root's alone to reach on the host).
+        // modes, read-only, decide: as readable on the host as the realm's lib dir beside it).
         .arg(if nix::unistd::geteuid().is_root() {
             "others"
         } else {
