@@ -4,7 +4,9 @@
 //! Without `CAP_SYS_ADMIN` on the host there is no loop mount and no fanotify pre-content
 //! group ([`crate::lazyfs`]). `/dev/fuse` is usually root's alone, but the setuid `fusermount3`
 //! (fuse3) mounts a FUSE filesystem for an ordinary user on a directory of its own, and the
-//! proc's jail (a user namespace of that user's) binds it read-only at the prefix.
+//! proc's jail (a user namespace of that user's) binds it read-only at the prefix. Root's realm
+//! is served this way too where no image can be made (a kernel without pre-content events):
+//! mounted `allow_other`, as root's procs run as ids of their own.
 //!
 //! The filesystem is the realm's index snapshot: every directory and every file with its size,
 //! read-only, answered from memory (listing, `stat`, `importlib.metadata`'s scans fetch
