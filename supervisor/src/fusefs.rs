@@ -374,17 +374,28 @@ fn start() -> Result<(fuser::Session<RealmFs>, Holds), LazyError> {
         Arc::new(LazyStore::new(&bucket, &StoreOptions::default(), &cfg).map_err(fetch_err)?);
     let cache = RealmCache::open(root, &realm, store, cfg).map_err(fetch_err)?;
     let fd = mount(&mnt, others)?;
-    let fs = RealmFs::start(tree, Arc::new(cache), rt, stats_file(&base, &key))?;
-    fs.content.record();
-    let idle = fs.content.clone();
-    let pid_file = base.join(format!("{key}.pid"));
-    fetcher::cache::write_renamed(&pid_file, format!("{}\n", std::process::id()).as_bytes())
-        .map_err(|e| bad(&e.to_string()))?;
-    let users = base.join("users");
-    std::thread::Builder::new()
-        .name("sigma-fuse-idle".into())
-        .spawn(move || idle_exit(&idle, &users, &mnt))
-        .map_err(io("spawn", Path::new("sigma-fuse-idle")))?;
+    let served = (|| {
+        let fs = RealmFs::start(tree, Arc::new(cache), rt, stats_file(&base, &key))?;
+        fs.content.record();
+        let pid_file = base.join(format!("{key}.pid"));
+        fetcher::cache::write_renamed(&pid_file, format!("{}\n", std::process::id()).as_bytes())
+            .map_err(|e| bad(&e.to_string()))?;
+        let (idle, users, at) = (fs.content.clone(), base.join("users"), mnt.clone());
+        std::thread::Builder::new()
+            .name("sigma-fuse-idle".into())
+            .spawn(move || idle_exit(&idle, &users, &at))
+            .map_err(io("spawn", Path::new("sigma-fuse-idle")))?;
+        Ok(fs)
+    })();
+    let fs = match served {
+        Ok(fs) => fs,
+        Err(e) => {
+            // Nobody may meet a mount that no process answers.
+            unmount(&mnt);
+            let _ = std::fs::remove_dir(&mnt);
+            return Err(e);
+        }
+    };
     let acl = if others {
         fuser::SessionACL::All
     } else {
