@@ -646,6 +646,8 @@ struct Content {
     waiting: Mutex<HashMap<u64, Vec<Pending>>>,
     /// sha256 → the inodes with that content.
     by_sha: HashMap<String, Vec<u64>>,
+    /// Top-level entries whose package a worker has been asked to install.
+    installing: Mutex<std::collections::HashSet<String>>,
     born: Instant,
     /// Milliseconds after `born` of the last request.
     last: AtomicU64,
@@ -816,6 +818,7 @@ impl RealmFs {
             open: Mutex::new(HashMap::new()),
             waiting: Mutex::new(HashMap::new()),
             by_sha,
+            installing: Mutex::new(std::collections::HashSet::new()),
             born: Instant::now(),
             last: AtomicU64::new(0),
             reads: AtomicU64::new(0),
@@ -930,7 +933,9 @@ impl Filesystem for RealmFs {
         c.touch();
         c.reads.fetch_add(1, Ordering::Relaxed);
         let Some(Kind::File {
-            size: len, sha256, ..
+            size: len,
+            sha256,
+            top,
         }) = c.tree.node(ino).map(|n| &n.kind)
         else {
             return reply.error(libc::EISDIR);
@@ -946,6 +951,12 @@ impl Filesystem for RealmFs {
             let f = c.stored(sha256, *len)?;
             if lock(&c.open).insert(ino, f.clone()).is_none() {
                 c.opened.fetch_add(1, Ordering::Relaxed);
+                // In the store (another realm's download) but not installed in this realm:
+                // installed now, off the loop (links from the store), so that the next runs
+                // show it from the lib dir and ask the server nothing.
+                if lock(&c.installing).insert(top.clone()) {
+                    let _ = self.fills.send(ino);
+                }
             }
             Some(f)
         }) {

@@ -409,6 +409,42 @@ fn sixteen_concurrent_procs_share_one_server_and_one_download() {
     assert_eq!(counter(&realm_line(&o), "fetched "), 1, "one download");
 }
 
+/// A package another realm downloaded is read from the store, and installed in this realm off
+/// the server's request loop: the next run shows it from the lib dir.
+#[test]
+fn a_package_in_the_store_is_served_then_installed_for_the_next_run() {
+    let Some(s) = setup(500_000) else { return };
+    // A first life of realm r downloads demo_z; the realm goes, its content stays in the store.
+    let o = s.cmd(&[], "import demo_z").output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    interp::settled(&s.cache());
+    let lib = s.cache().join("realms/r/lib/demo_z");
+    let _ = std::fs::remove_dir_all(s.cache().join("realms/r"));
+    s.snapshot();
+    let want = s.sha256_of(&s.pkg.join("blob.bin"));
+    let code = "import hashlib, demo_z; print(hashlib.sha256(open('/sigma/lib/demo_z/blob.bin','rb').read()).hexdigest())";
+    let o = s.run(code);
+    assert_eq!(stdout(&o).trim(), want, "{}", stderr(&o));
+    let line = realm_line(&o);
+    assert!(line.contains("0 installed entries"), "{line}");
+    assert_eq!(counter(&line, "fetched "), 0, "read from the store: {line}");
+    let start = Instant::now();
+    while !lib.join("__init__.py").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "demo_z never installed in realm r"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = s.run(code);
+    assert_eq!(stdout(&o).trim(), want);
+    let line = realm_line(&o);
+    assert!(
+        line.contains("1 installed entries shown from the lib dir"),
+        "{line}"
+    );
+}
+
 #[test]
 fn where_no_fuse_mount_can_be_made_the_run_is_served_by_notification_and_says_why() {
     let Some(s) = setup(1000) else { return };
