@@ -11,6 +11,12 @@
                 the kill and the dead server's mount removal count)
   warm          a complete realm (its lib dir mounted), of the same user
 
+With --cold N: N alternating rounds of a realm's second run on a fresh cache root (its first run,
+untimed, takes the snapshot by listing the prefix), `import numpy` downloading numpy:
+
+  cold notify   served by notification (--lazy=never), the supervisor downloading
+  cold fuse     served by the realm's FUSE server, which the run starts and which downloads
+
 Every side runs as nobody (setpriv) with --no-prefetch. Needs root (to become nobody) and
 fusermount3 with /dev/fuse 0666 (scripts/bootstrap).
 
@@ -48,6 +54,7 @@ def main() -> None:
         default=os.path.join(HERE, "..", "target/x86_64-unknown-linux-musl/release/sigma-supervise"),
     )
     ap.add_argument("--python", default="/usr/bin/python3", help="an interpreter nobody can run")
+    ap.add_argument("--cold", type=int, default=0, metavar="N", help="also N rounds of the cold sides")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench-rootless: run as root (each side runs as nobody through setpriv)")
@@ -98,11 +105,48 @@ def main() -> None:
             print(line[:200])
         subprocess.run([sys.executable, os.path.join(HERE, "bench-ab.py"), "-n", str(args.n), *sides],
                        check=True)
+        if args.cold:
+            cold(args.cold, work, sup, py)
     finally:
         subprocess.run(kill, shell=True)
         subprocess.run(f"grep -o ' {work}[^ ]*' /proc/self/mountinfo | xargs -r -n1 umount -l",
                        shell=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def cold(rounds: int, work: str, sup, py: str) -> None:
+    """The cold sides: each round a fresh cache root, its first run untimed."""
+    import statistics
+    import time
+    times = {"cold notify": [], "cold fuse": []}
+    for i in range(rounds):
+        for side in times:
+            cache = os.path.join(work, f"cold-{i}-{side.split()[1]}")
+            os.mkdir(cache)
+            shutil.chown(cache, "nobody", "nogroup")
+            extra = "--lazy=never" if side == "cold notify" else ""
+            subprocess.run(f"{sup(cache, 'r', extra)} {py} -c 'import os; os.listdir(\"/sigma/lib\")'",
+                           shell=True, check=True, stdout=subprocess.DEVNULL)
+            t0 = time.perf_counter()
+            subprocess.run(f"{sup(cache, 'r', extra)} {py} -c 'import numpy'", shell=True, check=True)
+            times[side].append((time.perf_counter() - t0) * 1e3)
+            # The install (the fill process's, or the server's) completes and its writes reach
+            # the disk before the next side starts: no side pays for another's writeback.
+            marker = os.path.join(cache, "realms/r/state/numpy.installed")
+            deadline = time.monotonic() + 60
+            while not os.path.exists(marker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            subprocess.run(f"while pgrep -f '^sigma-supervise-fill {cache}' >/dev/null; do sleep 0.05; done",
+                           shell=True)
+            subprocess.run(f"pkill -KILL -f '^sigma-supervise-fuse {cache}'", shell=True)
+            subprocess.run("sync", shell=True)
+    for side, t in times.items():
+        print(side, " ".join(f"{x:.0f}" for x in t))
+    base = statistics.median(times["cold notify"])
+    print(f"{rounds} cold rounds, medians")
+    for side, t in times.items():
+        m = statistics.median(t)
+        print(f"{side:<14} {m:9.3f} ms  {m - base:+9.3f}  x {m / base:.3f}")
 
 
 if __name__ == "__main__":

@@ -97,8 +97,8 @@ pub struct FuseMount {
     /// Top-level entries of installed packages, shown from the lib dir over the mount (set by
     /// the run: [`crate::lazyfs::entries_from_lib`]).
     pub lib_entries: Vec<String>,
-    /// Why root's image could not be had, where root's run is served by FUSE instead.
-    pub image_why: Option<String>,
+    /// Why root's run is served by FUSE instead of an image (for `--stats`).
+    pub image_note: Option<String>,
     /// `fuse/users`, held shared while this run may show the mount: the server stays.
     _users: Flock<std::fs::File>,
 }
@@ -132,7 +132,7 @@ pub fn attach(
         stats: stats_file(&base, key),
         packages: crate::lazyfs::read_packages(&packages_file(&base, key)),
         lib_entries: Vec::new(),
-        image_why: None,
+        image_note: None,
         _users: users,
     };
     if let Some(pid) = serving(&base, key) {
@@ -648,6 +648,10 @@ struct Content {
     by_sha: HashMap<String, Vec<u64>>,
     /// Top-level entries whose package a worker has been asked to install.
     installing: Mutex<std::collections::HashSet<String>>,
+    /// sha256 → where the fetcher verified that content during an install still under way
+    /// ([`verified`](Self::verified)); a path gone since (the install moved it) is looked up in
+    /// the store instead.
+    staged: Mutex<HashMap<String, PathBuf>>,
     born: Instant,
     /// Milliseconds after `born` of the last request.
     last: AtomicU64,
@@ -702,11 +706,22 @@ impl Content {
     }
 
     /// A file the fetcher just verified (it may still be installing the rest of its package).
+    /// Its path is kept for the reads that come later (the store has it only once the package
+    /// is installed): under the lock of the waiting reads, so that a read either finds the
+    /// path or is waiting when it is kept.
     fn verified(&self, sha: &str, path: &Path) {
-        for &ino in self.by_sha.get(sha).into_iter().flatten() {
-            if !lock(&self.waiting).contains_key(&ino) {
-                continue;
-            }
+        let waiting: Vec<u64> = {
+            let w = lock(&self.waiting);
+            lock(&self.staged).insert(sha.to_owned(), path.to_owned());
+            self.by_sha
+                .get(sha)
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|ino| w.contains_key(ino))
+                .collect()
+        };
+        for ino in waiting {
             if let Some(Kind::File { size, .. }) = self.tree.node(ino).map(|n| &n.kind) {
                 if let Some(f) = open_sized(path, *size) {
                     self.answer(ino, Ok(f));
@@ -819,6 +834,7 @@ impl RealmFs {
             waiting: Mutex::new(HashMap::new()),
             by_sha,
             installing: Mutex::new(std::collections::HashSet::new()),
+            staged: Mutex::new(HashMap::new()),
             born: Instant::now(),
             last: AtomicU64::new(0),
             reads: AtomicU64::new(0),
@@ -965,6 +981,16 @@ impl Filesystem for RealmFs {
             return c.record();
         }
         let mut waiting = lock(&c.waiting);
+        // Verified already by an install still under way: read where it was verified.
+        let staged = lock(&c.staged).get(sha256).cloned();
+        if let Some(f) = staged.and_then(|p| open_sized(&p, *len)) {
+            drop(waiting);
+            if lock(&c.open).insert(ino, f.clone()).is_none() {
+                c.opened.fetch_add(1, Ordering::Relaxed);
+            }
+            serve(&f, *len, offset, size, reply);
+            return c.record();
+        }
         let first = !waiting.contains_key(&ino);
         waiting.entry(ino).or_default().push(Pending {
             offset,

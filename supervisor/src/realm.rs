@@ -492,7 +492,8 @@ impl RealmPlan {
             }
         };
         if fuse {
-            return self.fuse_mount(&key, loud, image_why);
+            let note = image_why.map(|why| format!("no image: {}", tried_again(why)));
+            return self.fuse_mount(&key, loud, note);
         }
         if !jailed && !self.host_mount_point() {
             return Err("no mount point for the prefix".into());
@@ -502,8 +503,16 @@ impl RealmPlan {
         // served by notification and the next one finds the image made. `--lazy` makes it here
         // and now.
         if !loud && jailed && !crate::lazyfs::image_ready(&self.realm_dir, &key) {
-            self.image_to_make = Some(key);
-            return Err("its image is being made for the next run".into());
+            let making = "its image is being made for the next run";
+            self.image_to_make = Some(key.clone());
+            // Meanwhile this run is served by the realm's FUSE server where one can be had
+            // (it streams a first touch as the package arrives; notification where not).
+            if remembered(FUSE_UNAVAILABLE).is_none() {
+                if let Ok(view) = self.fuse_mount(&key, false, Some(making.into())) {
+                    return Ok(view);
+                }
+            }
+            return Err(making.into());
         }
         let index = || loaded.map_or_else(load, Ok);
         let made = crate::lazyfs::LazyImage::prepare_keyed(&self.realm_dir, &key, index);
@@ -511,12 +520,12 @@ impl RealmPlan {
     }
 
     /// The realm's FUSE mount of snapshot `key` (its server started if none serves it).
-    /// `image_why`: why root's image could not be had (for `--stats`).
+    /// `image_note`: why root's run is not served by an image (for `--stats`).
     fn fuse_mount(
         &mut self,
         key: &str,
         loud: bool,
-        image_why: Option<String>,
+        image_note: Option<String>,
     ) -> Result<LazyView, String> {
         let m = crate::fusefs::attach(
             &self.root,
@@ -526,7 +535,7 @@ impl RealmPlan {
             self.opts.fetch_timeout,
         )
         .map(|mut m| {
-            m.image_why = image_why;
+            m.image_note = image_note;
             m
         });
         self.lazy_or_why(m.map(LazyView::Fuse), loud, FUSE_UNAVAILABLE)
@@ -933,10 +942,8 @@ impl Resolver for FuseServed {
              {}; {} installed entries shown from the lib dir): the server so far: {}\n",
             self.realm,
             self.bucket,
-            match &self.mount.image_why {
-                Some(why) => format!(
-                    "; no image: unavailable ({why}), tried again after a day, or with --lazy"
-                ),
+            match &self.mount.image_note {
+                Some(note) => format!("; {note}"),
                 None => String::new(),
             },
             self.mount.server,

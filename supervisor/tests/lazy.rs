@@ -100,14 +100,13 @@ impl Setup {
         assert_eq!(stdout(&o), "['demo_y', 'demo_z']\n");
     }
 
-    /// A default run that finds the realm's image missing: served by notification, it starts
-    /// making the image in a process of its own; waited for, so the next run shows it.
+    /// A default run that finds the realm's image missing: served by the realm's FUSE server
+    /// meanwhile, it starts making the image in a process of its own; waited for, so the next
+    /// run shows it.
     fn image_made(&self) {
         let o = self.run(false, "pass");
         assert!(
-            realm_line(&o).contains(
-                "backend notification (lazy backend: its image is being made for the next run)"
-            ),
+            realm_line(&o).contains("backend lazy (FUSE; its image is being made for the next run"),
             "{}",
             stderr(&o)
         );
@@ -702,15 +701,14 @@ fn by_default_an_incomplete_realm_is_served_lazily_once_its_image_is_made() {
         ),
         "{line}"
     );
-    // The second run does not wait for the image: served by notification, it has it made in
-    // a process of its own (waited for here, as for fill processes).
+    // The second run does not wait for the image: served by the realm's FUSE server (which
+    // needs nothing made), it has the image made in a process of its own (waited for here, as
+    // for fill processes).
     let o = s.run(false, code);
     assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
     let line = realm_line(&o);
     assert!(
-        line.contains(
-            "backend notification (lazy backend: its image is being made for the next run)"
-        ),
+        line.contains("backend lazy (FUSE; its image is being made for the next run"),
         "{line}"
     );
     assert!(
@@ -756,7 +754,7 @@ fn where_no_image_can_be_made_the_default_falls_back_quietly_and_remembers_it() 
     assert_eq!(stdout(&o), "demo_z\n", "{}", stderr(&o));
     let line = realm_line(&o);
     assert!(
-        line.contains("lazy backend: its image is being made for the next run"),
+        line.contains("its image is being made for the next run"),
         "{line}"
     );
     assert!(
