@@ -14,8 +14,9 @@
 //! from its lib dir over their placeholders (a bind per top-level entry,
 //! [`LazyImage::entries_from_lib`]): nothing installed is copied into the image. A realm once
 //! complete is mounted from its lib dir and its images are detached and removed ([`retire`]).
-//! A default run that finds no image made is served by notification and has it made by a
-//! process of its own, off its path, for the next run ([`prepare_in_background`]).
+//! A default run that finds no image made has it made by a process of its own, off its path,
+//! for the next run ([`prepare_in_background`]), and is served meanwhile by the realm's FUSE
+//! server ([`crate::fusefs`]; by notification where none can be had).
 //! A fill that fails (store down, integrity) answers `FAN_DENY_ERRNO(EIO)`: an error, never
 //! zeros. Files are identified by inode (the map is written when the image is materialised),
 //! never by path.
@@ -365,8 +366,8 @@ pub fn image_ready(realm_dir: &Path, key: &str) -> bool {
 }
 
 /// Start making image `key` (`mkfs.ext4`, loop mount, placeholders) in a process of its own,
-/// so that the run that found none is not the one that waits for it: served by notification,
-/// it leaves the image to the next run. Nothing is started while another preparer holds the
+/// so that the run that found none is not the one that waits for it: served by the FUSE server
+/// or by notification, it leaves the image to the next run. Nothing is started while another preparer holds the
 /// realm's image lock (it is making one). Starts a thread (the reaper): only once the target
 /// is forked.
 pub fn prepare_in_background(

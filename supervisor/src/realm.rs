@@ -85,9 +85,10 @@ pub struct RealmOpts {
     /// (placeholders filled by the kernel's pre-content events on first touch; no notifications).
     /// Needs root (a loop mount and fanotify in the initial namespace) and Linux 6.14+; a
     /// realm's first run is served by notification (it has no index snapshot yet). `auto`: where
-    /// possible, else quietly by notification (a failure is remembered for a day); a jailed
-    /// run that finds no image is served by notification and has it made off its path, for the
-    /// next run. `always` (`--lazy`): makes the image in the run if need be, saying why it
+    /// possible, else quietly by the realm's FUSE server or by notification (a failure is
+    /// remembered for a day); a jailed run that finds no image has it made off its path, for
+    /// the next run, and is served meanwhile by the FUSE server. An ordinary user's realm: the
+    /// FUSE server. `always` (`--lazy`): makes the image in the run if need be, saying why it
     /// falls back; `never`: by notification.
     #[arg(
         long,
