@@ -12,7 +12,7 @@
 //! image's root, in the kernel), allows the access and adds an ignore mark, after which that file
 //! is ordinary page cache. Packages the realm has installed from the image's archives are shown
 //! from its lib dir over their placeholders (a bind per top-level entry,
-//! [`LazyImage::entries_from_lib`]): nothing installed is copied into the image. A realm once
+//! [`entries_from_lib`]): nothing installed is copied into the image. A realm once
 //! complete is mounted from its lib dir and its images are detached and removed ([`retire`]).
 //! A default run that finds no image made has it made by a process of its own, off its path,
 //! for the next run ([`prepare_in_background`]), and is served meanwhile by the realm's FUSE
@@ -101,10 +101,11 @@ pub struct LazyImage {
     /// The pre-content group (its mark is added by [`watch`](Self::watch)), and the mount's
     /// root ([`mark`]).
     group: (Fanotify, std::fs::File),
-    /// Package → the archive its placeholders stand for.
-    packages: HashMap<String, String>,
+    /// Package → the archive its placeholders stand for (installed packages of that archive
+    /// are shown from the lib dir instead: [`entries_from_lib`]).
+    pub(crate) packages: HashMap<String, String>,
     /// Top-level entries shown from the realm's lib dir over the image
-    /// ([`entries_from_lib`](Self::entries_from_lib)).
+    /// ([`entries_from_lib`]).
     pub lib_entries: Vec<String>,
     /// The realm's `lazy-users`, locked shared for as long as this process serves the image.
     users: Flock<std::fs::File>,
@@ -264,14 +265,6 @@ impl LazyImage {
             lib_entries: Vec::new(),
             users,
         })
-    }
-
-    /// The top-level entries of `installed` packages that this image stands for (the same
-    /// archive): shown from the realm's lib dir over their placeholders, so the kernel serves
-    /// them from the installed files, with nothing copied into the image. An entry is one
-    /// normal name (the index checks them; checked again, as it names a mount point).
-    pub fn entries_from_lib(&self, installed: &[fetcher::InstalledPackage]) -> Vec<String> {
-        entries_from_lib(&self.packages, installed)
     }
 
     /// Mark the proc's own mount of the image: `prefix` as process `pid` sees it (the jail's

@@ -561,17 +561,11 @@ impl RealmPlan {
                 // from the installed files, without a FUSE request either.
                 match fetcher::installed_packages(&self.root, &self.opts.realm) {
                     Ok(installed) => {
-                        let (entries, packages) = match &mut view {
-                            LazyView::Image(img) => {
-                                let e = img.entries_from_lib(&installed);
-                                (&mut img.lib_entries, e)
-                            }
-                            LazyView::Fuse(m) => {
-                                let e = crate::lazyfs::entries_from_lib(&m.packages, &installed);
-                                (&mut m.lib_entries, e)
-                            }
+                        let (packages, entries) = match &mut view {
+                            LazyView::Image(img) => (&img.packages, &mut img.lib_entries),
+                            LazyView::Fuse(m) => (&m.packages, &mut m.lib_entries),
                         };
-                        *entries = packages;
+                        *entries = crate::lazyfs::entries_from_lib(packages, &installed);
                         // A marker whose entry is gone (removed by hand): its placeholder
                         // stays.
                         entries.retain(|e| self.lib.join(e).symlink_metadata().is_ok());

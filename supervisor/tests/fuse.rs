@@ -316,20 +316,8 @@ fn kill_9_of_the_fuse_server_during_a_fetch_never_gives_zeros_and_the_next_run_r
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let (fifo_path, half) = (archive.clone(), data[..data.len() / 2].to_vec());
-    std::thread::spawn(move || {
-        use std::io::Write as _;
-        let mut fifo = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&fifo_path)
-            .unwrap();
-        let _ = fifo.write_all(&half);
-        let _ = tx.send(());
-        // Held open (no end of file) until the server is gone.
-        let _ = done_rx.recv_timeout(Duration::from_secs(60));
-    });
+    // Held open (no end of file) until the server is gone.
+    let (rx, done_tx) = interp::half_fed_fifo(&archive, &data);
     rx.recv_timeout(Duration::from_secs(20))
         .expect("the server never read the archive");
     std::thread::sleep(Duration::from_millis(300));

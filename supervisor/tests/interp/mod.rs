@@ -102,3 +102,25 @@ pub fn stop_fuse_servers(cache: &Path, root: &Path) {
         }
     }
 }
+
+/// Feed the first half of `data` into the FIFO at `fifo` once a reader opens it (the download
+/// of an archive the test stalls), then hold it open without an end of file. The first
+/// receiver hears when the half is written; dropping or sending on the sender lets go (at
+/// most 60 s later anyway).
+#[allow(dead_code)]
+pub fn half_fed_fifo(
+    fifo: &Path,
+    data: &[u8],
+) -> (std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
+    let (tx, fed) = std::sync::mpsc::channel();
+    let (done, done_rx) = std::sync::mpsc::channel::<()>();
+    let (fifo, half) = (fifo.to_owned(), data[..data.len() / 2].to_vec());
+    std::thread::spawn(move || {
+        use std::io::Write as _;
+        let mut fifo = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        let _ = fifo.write_all(&half);
+        let _ = tx.send(());
+        let _ = done_rx.recv_timeout(Duration::from_secs(60));
+    });
+    (fed, done)
+}
