@@ -38,8 +38,14 @@ AT_FDCWD = -100
 if call == "stat-abs":
     path = exe.encode()
 elif call == "stat-rel":
-    # After a chdir: the cwd is read from /proc for every relative path.
+    # After a chdir: the cwd is read from /proc once every change of cwd has taken effect,
+    # then remembered (its name, on the jail's read-only root, cannot change).
     os.chdir(os.path.dirname(exe))
+    path = os.path.basename(exe).encode()
+elif call == "stat-dirfd":
+    # Relative to a directory fd: its name and mount are read from /proc at every call (a
+    # dirfd can be closed and its number reused without a notification).
+    dirfd = os.open(os.path.dirname(exe), os.O_RDONLY | os.O_DIRECTORY)
     path = os.path.basename(exe).encode()
 elif call == "stat-rel-start":
     # Relative to the cwd the run started in (a directory under /var/tmp): no chdir.
@@ -54,7 +60,7 @@ syscall.restype = ctypes.c_long
 
 def stat_loop(k):
     for _ in range(k):
-        if syscall(SYS_newfstatat, AT_FDCWD, path, buf, 0) != 0:
+        if syscall(SYS_newfstatat, base, path, buf, 0) != 0:
             sys.exit("newfstatat failed: errno %d" % ctypes.get_errno())
 
 def open_loop(k):
@@ -64,6 +70,7 @@ def open_loop(k):
             sys.exit("openat failed: errno %d" % ctypes.get_errno())
         syscall(SYS_close, fd)
 
+base = dirfd if call == "stat-dirfd" else AT_FDCWD
 loop = open_loop if call == "open-abs" else stat_loop
 loop(500)
 t0 = time.perf_counter_ns()
@@ -71,7 +78,7 @@ loop(n)
 print((time.perf_counter_ns() - t0) / n / 1000)
 """
 
-CALLS = ["stat-abs", "stat-rel", "stat-rel-start", "open-abs"]
+CALLS = ["stat-abs", "stat-rel", "stat-rel-start", "stat-dirfd", "open-abs"]
 
 
 def main() -> None:

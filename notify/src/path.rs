@@ -38,8 +38,13 @@ pub fn absolute(pid: u32, dirfd: i32, path: &CStr) -> Result<PathBuf, Errno> {
     Ok(PathBuf::from(OsString::from_vec(out)))
 }
 
-/// How many targets' `/proc/<tid>` directories a [`ProcView`] keeps open.
+/// How many targets' `/proc/<tid>` directories a [`ProcView`] keeps open (and how many
+/// targets' cwds it remembers).
 const PROC_DIRS: usize = 8;
+
+/// How many changes of cwd a [`ProcView`] follows until each has taken effect; past that it
+/// reads every cwd from /proc for the rest of the run.
+const MOVING_MAX: usize = 64;
 
 /// Resolves target paths for the receive loop without allocating per call (its buffers keep
 /// their capacity) and without walking `/proc/<tid>` each time: the last few targets'
@@ -59,6 +64,35 @@ pub struct ProcView {
     /// Every change of a target's cwd is notified ([`ProcView::set_cwd_changes_seen`]).
     cwd_seen: bool,
     start_cwd: StartCwd,
+    /// Targets whose chdir or fchdir has been answered and not yet seen to return (see
+    /// [`ProcView::task_seen`]): while any is, a cwd may be about to change.
+    moving: Vec<u32>,
+    /// `moving` overflowed: cwds are read from /proc for the rest of the run.
+    moving_lost: bool,
+    /// Targets' cwds read since every change of cwd took effect (see [`Cwd`]).
+    cwds: Vec<Cwd>,
+    /// Directories targets passed as dirfds (see [`Dir`]), at most [`PROC_DIRS`].
+    dir_names: Vec<Dir>,
+    /// The mount of the base directory the last [`ProcView::absolute_into`] used, when it was
+    /// known without a system call more: (pid, dirfd, mount id), for [`ProcView::mount_id`].
+    last_mnt: Option<(u32, i32, u64)>,
+}
+
+/// A directory a target passed as a dirfd, by identity (mount, device, inode: one directory
+/// of one mount, whichever fd number names it), and its name in the targets' view if that
+/// cannot change ([`ProcView::name_is_fixed`]; else read from /proc at every call).
+struct Dir {
+    id: (u64, u32, u32, u64),
+    fixed: Option<Vec<u8>>,
+}
+
+/// A target's cwd, read from /proc once no change of cwd was pending: it stays that cwd until
+/// a target changes one (which clears them all). `fixed`: its name cannot change either
+/// ([`ProcView::name_is_fixed`]), so it is used without a look-up; otherwise it is read from
+/// /proc at every call (remembered only so the name is not checked again).
+struct Cwd {
+    tid: u32,
+    fixed: Option<(Vec<u8>, u64)>,
 }
 
 /// The cwd every target starts with, while no target has changed its own.
@@ -121,6 +155,11 @@ impl ProcName {
     fn as_cstr(&self) -> &CStr {
         CStr::from_bytes_with_nul(&self.buf[..self.len]).unwrap_or(c"")
     }
+
+    /// Without the NUL.
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len.saturating_sub(1)]
+    }
 }
 
 impl ProcView {
@@ -182,11 +221,36 @@ impl ProcView {
         self.cwd_seen = seen;
     }
 
-    /// A target is about to change its cwd (its chdir or fchdir is being decided): from now on
-    /// every cwd is read from /proc. Called before that call is answered, so no cwd can differ
-    /// from the start cwd while it is used.
-    pub fn cwd_changes(&mut self) {
+    /// Target `tid` is about to change its cwd (its chdir or fchdir is being decided): the
+    /// start cwd and every remembered cwd are forgotten, and cwds are read from /proc until
+    /// `tid` has been seen again ([`task_seen`](Self::task_seen)). Called before that call is
+    /// answered, so no remembered cwd is used once it may be stale: the change takes effect
+    /// after the answer, when `tid` runs again, and the kernel also moves every task sharing
+    /// `tid`'s cwd (threads, `CLONE_FS`), whose calls in between are read from /proc.
+    pub fn cwd_changes(&mut self, tid: u32) {
         self.start_cwd = StartCwd::Unusable;
+        self.cwds.clear();
+        if !self.moving.contains(&tid) {
+            if self.moving.len() < MOVING_MAX {
+                self.moving.push(tid);
+            } else {
+                self.moving_lost = true;
+            }
+        }
+    }
+
+    /// A notification of target `tid` has arrived (call first, for every notification): a
+    /// change of cwd it made before has taken effect (it has returned from that call to make
+    /// this one). Once every change has, cwds are stable until the next one.
+    pub fn task_seen(&mut self, tid: u32) {
+        if !self.moving.is_empty() {
+            self.moving.retain(|&t| t != tid);
+        }
+    }
+
+    /// Whether cwds read now stay what they are until the next [`cwd_changes`](Self::cwd_changes).
+    fn cwds_settled(&self) -> bool {
+        self.cwd_seen && self.bufs.root_fixed && self.moving.is_empty() && !self.moving_lost
     }
 
     /// Whether a target's cwd is the start cwd, already read: it is none of the supervisor's
@@ -219,26 +283,58 @@ impl ProcView {
         if dirfd != libc::AT_FDCWD && dirfd < 0 {
             return Err(Errno::EBADF);
         }
+        self.last_mnt = None;
+        let mut remembered = false;
         if dirfd == libc::AT_FDCWD {
             if let StartCwd::Known(base) = &self.start_cwd {
                 join_normalized_into(base, path, out);
                 return Ok(());
             }
+            if self.cwds_settled() {
+                if let Some(c) = self.cwds.iter().find(|c| c.tid == pid) {
+                    if let Some((base, mnt)) = &c.fixed {
+                        join_normalized_into(base, path, out);
+                        self.last_mnt = Some((pid, dirfd, *mnt));
+                        return Ok(());
+                    }
+                    remembered = true;
+                }
+            }
         }
         let name = ProcName::new(dirfd);
-        self.with_dir(pid, |proc, bufs| {
+        let mut dir_id = None;
+        let dir_names = std::mem::take(&mut self.dir_names);
+        let named = self.with_dir(pid, |proc, bufs| {
             if dirfd == libc::AT_FDCWD {
                 sys::readlinkat_into(proc, name.as_cstr(), &mut bufs.link).map_err(gone)?;
             } else {
+                // statx follows the magic link to the open file itself (a pipe's or socket's
+                // inode is no directory either); its mount is asked in the same call, for
+                // `mount_id`, and with its inode it says which directory this is.
+                let mask = libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID;
+                let st = sys::statx_at(proc, name.as_cstr(), 0, mask).map_err(fd_err)?;
+                if u32::from(st.stx_mode) & libc::S_IFMT != libc::S_IFDIR {
+                    return Err(Errno::ENOTDIR);
+                }
+                if st.stx_mask & mask == mask {
+                    let id = (
+                        st.stx_mnt_id,
+                        st.stx_dev_major,
+                        st.stx_dev_minor,
+                        st.stx_ino,
+                    );
+                    dir_id = Some(id);
+                    if let Some(Dir {
+                        fixed: Some(base), ..
+                    }) = dir_names.iter().find(|d| d.id == id)
+                    {
+                        bufs.base.clone_from(base);
+                        return Ok(true);
+                    }
+                }
                 sys::readlinkat_into(proc, name.as_cstr(), &mut bufs.link).map_err(fd_err)?;
                 if bufs.link.first() != Some(&b'/') {
                     // pipe:[..], socket:[..], anon_inode:[..]
-                    return Err(Errno::ENOTDIR);
-                }
-                // statx follows the magic link to the open file itself.
-                let st =
-                    sys::statx_at(proc, name.as_cstr(), 0, libc::STATX_TYPE).map_err(fd_err)?;
-                if u32::from(st.stx_mode) & libc::S_IFMT != libc::S_IFDIR {
                     return Err(Errno::ENOTDIR);
                 }
             }
@@ -251,29 +347,63 @@ impl ProcView {
                 bufs.root_known = bufs.root_fixed;
             }
             strip_root_into(&bufs.root, &bufs.link, &mut bufs.root_norm, &mut bufs.base);
-            Ok(())
-        })?;
-        if dirfd == libc::AT_FDCWD
-            && self.cwd_seen
-            && self.bufs.root_fixed
-            && matches!(self.start_cwd, StartCwd::Unknown)
-        {
-            self.start_cwd = match self.name_is_fixed(pid) {
-                Ok(true) => StartCwd::Known(self.bufs.base.clone()),
-                _ => StartCwd::Unusable,
-            };
+            Ok(false)
+        });
+        self.dir_names = dir_names;
+        let named = named?;
+        if let Some(id) = dir_id {
+            self.last_mnt = Some((pid, dirfd, id.0));
+            if !named && self.bufs.root_fixed && !self.dir_names.iter().any(|d| d.id == id) {
+                let fixed = match self.name_is_fixed(pid, name.as_bytes()) {
+                    Ok(Some(_)) => Some(self.bufs.base.clone()),
+                    _ => None,
+                };
+                let d = Dir { id, fixed };
+                if self.dir_names.len() < PROC_DIRS {
+                    self.dir_names.push(d);
+                } else {
+                    // Any slot: a forgotten directory is named from /proc again.
+                    let i = id.3 as usize % PROC_DIRS;
+                    self.dir_names[i] = d;
+                }
+            }
+        }
+        if dirfd == libc::AT_FDCWD && self.cwd_seen && self.bufs.root_fixed {
+            if matches!(self.start_cwd, StartCwd::Unknown) {
+                self.start_cwd = match self.name_is_fixed(pid, b"cwd") {
+                    Ok(Some(_)) => StartCwd::Known(self.bufs.base.clone()),
+                    _ => StartCwd::Unusable,
+                };
+            } else if !remembered && self.cwds_settled() {
+                let fixed = match self.name_is_fixed(pid, b"cwd") {
+                    Ok(Some(mnt)) => Some((self.bufs.base.clone(), mnt)),
+                    _ => None,
+                };
+                let c = Cwd { tid: pid, fixed };
+                if self.cwds.len() < PROC_DIRS {
+                    self.cwds.push(c);
+                } else {
+                    // Any slot: a forgotten cwd is read from /proc again.
+                    let i = pid as usize % PROC_DIRS;
+                    self.cwds[i] = c;
+                }
+            }
         }
         join_normalized_into(&self.bufs.base, path, out);
         Ok(())
     }
 
     /// Whether the name of `pid`'s cwd (`bufs.base`, just read) can change only by a change of
-    /// cwd. Walking up from the cwd, every directory must be a mount root (rename refuses it,
-    /// and its name is its mount point's, one level up) until one lies on the root's mount,
-    /// which must be read-only (nothing there or above can be renamed). The cwd's bind in a
-    /// jail passes (on the root, or on the jail's own `/tmp`, itself a mount on the root).
-    fn name_is_fixed(&mut self, pid: u32) -> Result<bool, Errno> {
-        // One level per component of the cwd's name, and the root.
+    /// cwd, and if so the cwd's mount. Walking up from the cwd, every directory must be a
+    /// mount root (rename refuses it, and its name is its mount point's, one level up) or lie
+    /// on a read-only mount (nothing can be renamed through it), until one lies on the root's
+    /// mount, which must be read-only (nothing there or above can be renamed). The cwd's bind
+    /// in a jail passes (on the root, or on the jail's own `/tmp`, itself a mount on the root),
+    /// and so does any directory of the jail's read-only root or binds.
+    ///
+    /// `start` names the directory in `/proc/<pid>` (`cwd` or `fd/<n>`).
+    fn name_is_fixed(&mut self, pid: u32, start: &[u8]) -> Result<Option<u64>, Errno> {
+        // One level per component of the directory's name, and the root.
         let levels = self
             .bufs
             .base
@@ -282,34 +412,49 @@ impl ProcView {
             .count();
         self.with_dir(pid, |proc, _| {
             let mnt = libc::STATX_MNT_ID;
+            let read_only = |name: &CStr| -> Result<bool, Errno> {
+                let fd = nix::fcntl::openat(
+                    proc,
+                    name,
+                    OFlag::O_PATH | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )?;
+                let fs = nix::sys::statvfs::fstatvfs(&fd)?;
+                Ok(fs.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+            };
             let root = sys::statx_at(proc, c"root", 0, mnt)?;
-            let mut name = b"cwd".to_vec();
+            let mut name = start.to_vec();
+            let mut cwd_mnt = None;
             for _ in 0..=levels {
                 let c = std::ffi::CString::new(name.clone()).map_err(|_| Errno::EINVAL)?;
                 let dir = sys::statx_at(proc, &c, 0, mnt)?;
-                if dir.stx_mnt_id == root.stx_mnt_id {
-                    let root = nix::fcntl::openat(
-                        proc,
-                        c"root",
-                        OFlag::O_PATH | OFlag::O_CLOEXEC,
-                        Mode::empty(),
-                    )?;
-                    let fs = nix::sys::statvfs::fstatvfs(&root)?;
-                    return Ok(fs.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
+                if dir.stx_mask & mnt == 0 {
+                    return Ok(None);
                 }
-                if !is_mount_root(&dir) {
-                    return Ok(false);
+                let cwd_mnt = *cwd_mnt.get_or_insert(dir.stx_mnt_id);
+                if dir.stx_mnt_id == root.stx_mnt_id {
+                    return Ok(read_only(c"root")?.then_some(cwd_mnt));
+                }
+                if !is_mount_root(&dir) && !read_only(&c)? {
+                    return Ok(None);
                 }
                 name.extend_from_slice(b"/..");
             }
-            Ok(false)
+            Ok(None)
         })
     }
 
     /// The mount id of what the target's `dirfd` (its cwd for AT_FDCWD) refers to.
+    /// Known without a look-up when it is the base the last [`absolute_into`](Self::absolute_into)
+    /// of that target and dirfd used and it asked or remembered its mount.
     pub fn mount_id(&mut self, pid: u32, dirfd: i32) -> Result<u64, Errno> {
         if dirfd != libc::AT_FDCWD && dirfd < 0 {
             return Err(Errno::EBADF);
+        }
+        if let Some((p, d, mnt)) = self.last_mnt.take() {
+            if (p, d) == (pid, dirfd) {
+                return Ok(mnt);
+            }
         }
         let name = ProcName::new(dirfd);
         self.with_dir(pid, |proc, _| {

@@ -109,6 +109,7 @@ struct LoopState {
 fn handle(sh: &Arc<Shared>, st: &mut LoopState, n: &Notification) {
     let t0 = sh.timing.then(Instant::now);
     st.info.reset();
+    st.info.task_seen(n.pid);
     let nr = usize::try_from(n.syscall).ok().filter(|&i| i < MAX_SYSCALL);
     let kind = nr.and_then(|i| sh.kinds[i]);
     let result = match kind {

@@ -390,6 +390,146 @@ print("fchdir", rd("inner.py"))
     assert_eq!(decisions, ["continue", "serve"], "{opens:?}");
 }
 
+#[test]
+fn a_cwd_remembered_after_a_change_follows_every_thread_that_shares_it() {
+    // Once every change of cwd has taken effect, a cwd whose name cannot change (here `/` and
+    // a bind on the read-only root) is resolved without /proc until the next change. One
+    // thread changes the cwd back and forth; the other, sharing it, opens the same relative
+    // path after each change, twice: every open must be decided on the cwd the kernel uses,
+    // whether or not the changing thread has made a call since (which is when its change is
+    // known to have taken effect).
+    let lib = tempfile::tempdir().unwrap();
+    let pkg = lib.path().join("servedpkg");
+    std::fs::create_dir(&pkg).unwrap();
+    std::fs::write(pkg.join("inner.py"), "SERVED\n").unwrap();
+    let work = tempfile::tempdir_in("/var/tmp").unwrap();
+    let shadow = work.path().join("sigma/lib/servedpkg");
+    std::fs::create_dir_all(&shadow).unwrap();
+    std::fs::write(shadow.join("inner.py"), "SHADOW\n").unwrap();
+    let trace = lib.path().join("trace.txt");
+    let w = work.path().display().to_string();
+    let code = format!(
+        r#"
+import os, threading
+def rd(p):
+    try:
+        return open(p).read().strip()
+    except OSError as e:
+        return type(e).__name__
+out = []
+go, done = threading.Event(), threading.Event()
+def other():
+    for i in range(8):
+        go.wait(); go.clear()
+        out.append(rd("sigma/lib/servedpkg/inner.py"))
+        out.append(rd("sigma/lib/servedpkg/inner.py"))
+        done.set()
+t = threading.Thread(target=other)
+t.start()
+for i in range(8):
+    os.chdir("/" if i % 2 == 0 else "{w}")
+    if i % 4 >= 2:
+        os.stat("/")
+    go.set(); done.wait(); done.clear()
+t.join()
+print(" ".join(out))
+print(rd("sigma/lib/servedpkg/inner.py"))
+"#
+    );
+    let serve = format!("/sigma/lib={}", lib.path().display());
+    let o = run(sup()
+        .current_dir(work.path())
+        .arg(format!("--trace={}", trace.display()))
+        .args(["--serve", &serve, "python3", "-c", &code]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let want: Vec<&str> = (0..8)
+        .flat_map(|i| {
+            if i % 2 == 0 {
+                ["SERVED"; 2]
+            } else {
+                ["SHADOW"; 2]
+            }
+        })
+        .collect();
+    assert_eq!(stdout(&o), format!("{}\nSHADOW\n", want.join(" ")));
+    let opens = traced_opens(&trace, |p| p.ends_with("/inner.py"));
+    let decisions: Vec<&str> = opens.iter().map(|(_, d)| d.as_str()).collect();
+    let want: Vec<&str> = (0..8)
+        .flat_map(|i| {
+            if i % 2 == 0 {
+                ["serve"; 2]
+            } else {
+                ["continue"; 2]
+            }
+        })
+        .chain(["continue"])
+        .collect();
+    assert_eq!(decisions, want, "{opens:?}");
+}
+
+#[test]
+fn a_dirfd_number_reused_for_another_directory_is_named_again() {
+    // A directory passed as a dirfd is named once (by its mount and inode) when its name
+    // cannot change; its fd number can be closed and reused for another directory without a
+    // notification, and every path relative to it must be decided on the directory it names
+    // at that call.
+    let lib = tempfile::tempdir().unwrap();
+    let pkg = lib.path().join("servedpkg");
+    std::fs::create_dir(&pkg).unwrap();
+    std::fs::write(pkg.join("inner.py"), "SERVED\n").unwrap();
+    let work = tempfile::tempdir_in("/var/tmp").unwrap();
+    let shadow = work.path().join("sigma/lib/servedpkg");
+    std::fs::create_dir_all(&shadow).unwrap();
+    std::fs::write(shadow.join("inner.py"), "SHADOW\n").unwrap();
+    let trace = lib.path().join("trace.txt");
+    let w = work.path().display().to_string();
+    let code = format!(
+        r#"
+import os
+N = 100
+out = []
+for i in range(6):
+    d = os.open("/" if i % 2 == 0 else "{w}", os.O_RDONLY | os.O_DIRECTORY)
+    os.dup2(d, N)
+    os.close(d)
+    for _ in range(2):
+        fd = os.open("sigma/lib/servedpkg/inner.py", os.O_RDONLY, dir_fd=N)
+        out.append(os.read(fd, 100).decode().strip())
+        os.close(fd)
+    os.close(N)
+print(" ".join(out))
+"#
+    );
+    let serve = format!("/sigma/lib={}", lib.path().display());
+    let o = run(sup()
+        .current_dir(work.path())
+        .arg(format!("--trace={}", trace.display()))
+        .args(["--serve", &serve, "python3", "-c", &code]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let want: Vec<&str> = (0..6)
+        .flat_map(|i| {
+            if i % 2 == 0 {
+                ["SERVED"; 2]
+            } else {
+                ["SHADOW"; 2]
+            }
+        })
+        .collect();
+    assert_eq!(stdout(&o), format!("{}\n", want.join(" ")));
+    let opens = traced_opens(&trace, |p| p.ends_with("/inner.py"));
+    let decisions: Vec<&str> = opens.iter().map(|(_, d)| d.as_str()).collect();
+    let want: Vec<&str> = (0..6)
+        .flat_map(|i| {
+            if i % 2 == 0 {
+                ["serve"; 2]
+            } else {
+                ["continue"; 2]
+            }
+        })
+        .collect();
+    assert_eq!(decisions, want, "{opens:?}");
+}
+
 /// The same start-cwd resolution for a supervisor started by an unprivileged user (nobody):
 /// relative paths are decided on the start cwd, then on the served directory after fchdir.
 #[test]

@@ -489,6 +489,11 @@ impl CallInfo {
         Ok(Path::new(OsStr::from_bytes(&self.abs)))
     }
 
+    /// A notification of target `tid` arrived: see [`notify::path::ProcView::task_seen`].
+    pub fn task_seen(&mut self, tid: u32) {
+        self.proc.task_seen(tid);
+    }
+
     pub fn reset(&mut self) {
         self.decision = None;
         self.path = None;
@@ -572,7 +577,7 @@ pub fn path_call(
         check(&n.args).inspect_err(|e| info.decision = Some(Decision::Error(*e as i32)))?;
     }
     if spec.moves_cwd() {
-        info.proc.cwd_changes();
+        info.proc.cwd_changes(n.pid);
     }
     let mem = TargetMem {
         listener: &sh.listener,
