@@ -30,11 +30,15 @@
 //! outlives runs: one server process per realm snapshot ([`FUSE_ARG0`], [`main`]), started by
 //! the first run that needs it ([`attach`]) and gone, its mount with it, after [`IDLE`] without
 //! requests and without a run of the realm (`fuse/users`, held shared by every run that shows
-//! the mount). A reader of a server that died gets ENOTCONN, never zeros; its mount stays
-//! until the next server of the snapshot removes it (fusermount3's `auto_unmount` cannot see
-//! a mount without `allow_other`, which needs `user_allow_other` in `/etc/fuse.conf`). Only the
-//! server's own user reaches the mount, and a proc reaches it only through its jail's
-//! read-only bind.
+//! the mount). A reader of a server that died gets ENOTCONN, never zeros; its mount is removed
+//! by its unmounter ([`unmounter_main`], started beside it once it has mounted), however the
+//! server ended (the next server of the snapshot removes what an unmounter killed with it
+//! left). Only the server's own user reaches the mount, and a proc reaches it only through its
+//! jail's read-only bind.
+//!
+//! Everything the server is asked comes from procs, so once it has mounted and started its
+//! unmounter it confines itself before it starts a thread ([`crate::confine`]): it writes
+//! only in the cache, reads only what a fetch reads, and can run nothing.
 //!
 //! fusermount3 opens `/dev/fuse` as the calling user: the device must be `0666`, as udev makes
 //! it on a distribution's machine (a machine without udev leaves it `0600`: then the run is
@@ -61,6 +65,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// argv[0] of a realm's FUSE server ([`main`], started by [`attach`]).
 pub const FUSE_ARG0: &str = "sigma-supervise-fuse";
+
+/// argv[0] of a server's unmounter ([`unmounter_main`]).
+pub const UNMOUNT_ARG0: &str = "sigma-supervise-unmount";
 
 /// How long a server with no request and no run of its realm stays.
 const IDLE: Duration = Duration::from_secs(600);
@@ -294,8 +301,9 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
-/// What the server keeps for as long as it serves: its lock.
-type Holds = Flock<std::fs::File>;
+/// What the server keeps for as long as it serves: its lock, and the write end of its
+/// unmounter's pipe (closed only by its end).
+type Holds = (Flock<std::fs::File>, OwnedFd);
 
 fn start() -> Result<(fuser::Session<RealmFs>, Holds), LazyError> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -359,63 +367,69 @@ fn start() -> Result<(fuser::Session<RealmFs>, Holds), LazyError> {
         crate::lazyfs::packages_text(&index).as_bytes(),
     )
     .map_err(|e| bad(&e.to_string()))?;
+    let fd = mount(&mnt, others)?;
+    // From here on, however this process ends, its unmounter removes the mount: nobody meets
+    // a mount that no process answers for longer than that takes.
+    let _unmounter = spawn_unmounter(&mnt).inspect_err(|_| {
+        unmount(&mnt);
+        let _ = std::fs::remove_dir(&mnt);
+    })?;
+    // Still one thread, and nothing more to start or mount: give up the rest (the fetch
+    // runtime's threads and the workers inherit it).
+    let bucket_dir = bucket.strip_prefix("file://").map(PathBuf::from);
+    let landlocked = crate::confine::confine(&[root, realm_dir], bucket_dir.as_slice())
+        .map_err(|e| bad(&format!("confining the server: {e:#}")))?;
+    if landlocked != crate::confine::Landlocked::Full {
+        tracing::debug!("FUSE server: Landlock {landlocked:?}");
+    }
     let cfg = FetchConfig {
         overall_timeout: Duration::from_secs_f64(timeout),
         ..FetchConfig::default()
     };
     let fetch_err = |e: fetcher::FetchError| bad(&e.to_string());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("sigma-fuse-fetch")
-        .enable_all()
-        .build()
-        .map_err(io("start", Path::new("the fetch runtime")))?;
-    let store: Arc<dyn fetcher::Store> =
-        Arc::new(LazyStore::new(&bucket, &StoreOptions::default(), &cfg).map_err(fetch_err)?);
-    let cache = RealmCache::open(root, &realm, store, cfg).map_err(fetch_err)?;
-    let fd = mount(&mnt, others)?;
     let served = (|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sigma-fuse-fetch")
+            .enable_all()
+            .build()
+            .map_err(io("start", Path::new("the fetch runtime")))?;
+        let store: Arc<dyn fetcher::Store> =
+            Arc::new(LazyStore::new(&bucket, &StoreOptions::default(), &cfg).map_err(fetch_err)?);
+        let cache = RealmCache::open(root, &realm, store, cfg).map_err(fetch_err)?;
         let fs = RealmFs::start(tree, Arc::new(cache), rt, stats_file(&base, &key))?;
         fs.content.record();
         let pid_file = base.join(format!("{key}.pid"));
         fetcher::cache::write_renamed(&pid_file, format!("{}\n", std::process::id()).as_bytes())
             .map_err(|e| bad(&e.to_string()))?;
-        let (idle, users, at) = (fs.content.clone(), base.join("users"), mnt.clone());
+        let (idle, users) = (fs.content.clone(), base.join("users"));
         std::thread::Builder::new()
             .name("sigma-fuse-idle".into())
-            .spawn(move || idle_exit(&idle, &users, &at))
+            .spawn(move || idle_exit(&idle, &users))
             .map_err(io("spawn", Path::new("sigma-fuse-idle")))?;
         Ok(fs)
     })();
-    let fs = match served {
-        Ok(fs) => fs,
-        Err(e) => {
-            // Nobody may meet a mount that no process answers.
-            unmount(&mnt);
-            let _ = std::fs::remove_dir(&mnt);
-            return Err(e);
-        }
-    };
+    // On an error the mount goes with this process (its unmounter).
+    let fs = served?;
     let acl = if others {
         fuser::SessionACL::All
     } else {
         fuser::SessionACL::Owner
     };
     let session = fuser::Session::from_fd(fs, fd, acl);
-    Ok((session, held))
+    Ok((session, (held, _unmounter)))
 }
 
 /// Exit once no request came for [`IDLE`] and no run of the realm shows the mount (`users`
 /// taken exclusively: a run starting now waits for it, then starts a server of its own).
-fn idle_exit(content: &Content, users: &Path, mnt: &Path) {
+fn idle_exit(content: &Content, users: &Path) {
     loop {
         std::thread::sleep(IDLE / 8);
         if content.idle_for() < IDLE {
             continue;
         }
         if let Ok(_last) = lock_file(users, FlockArg::LockExclusiveNonblock) {
-            unmount(mnt);
-            let _ = std::fs::remove_dir(mnt);
+            // The unmounter removes the mount once this process is gone.
             std::process::exit(0)
         }
     }
@@ -491,6 +505,48 @@ fn receive_fd(sock: &std::os::unix::net::UnixStream) -> Option<OwnedFd> {
         }
     }
     got
+}
+
+/// Start the unmounter of `mnt` ([`unmounter_main`]): the returned write end of its pipe must
+/// stay open exactly as long as this server lives (it is close-on-exec, and this process
+/// starts nothing after).
+fn spawn_unmounter(mnt: &Path) -> Result<OwnedFd, LazyError> {
+    let (rx, tx) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io("pipe", mnt)(e.into()))?;
+    crate::fill::helper_process(UNMOUNT_ARG0)
+        .arg(mnt)
+        .stdin(std::process::Stdio::from(rx))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(io("start", Path::new(UNMOUNT_ARG0)))?;
+    Ok(tx)
+}
+
+/// A server's unmounter (argv: `MNT`; stdin the read end of a pipe only its server holds open):
+/// waits until the server is gone, however it ended (idle, an error, a kill), then unmounts
+/// its mount and removes the directory. fusermount3's own `auto_unmount` would do this, but
+/// it cannot see a mount without `allow_other` (which needs `user_allow_other` in
+/// `/etc/fuse.conf`), and the server itself can run nothing once confined.
+pub fn unmounter_main() -> ! {
+    use std::io::Read as _;
+    jail::close_fds_from(3);
+    let mut buf = [0u8; 64];
+    let mut stdin = std::io::stdin().lock();
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    if let Some(mnt) = std::env::args_os().nth(1).map(PathBuf::from) {
+        // Whether it is still mounted cannot be asked of it (a mount whose server is gone
+        // answers ENOTCONN): fusermount3 finds out.
+        unmount(&mnt);
+        let _ = std::fs::remove_dir(&mnt);
+    }
+    std::process::exit(0)
 }
 
 /// `fusermount3 -u -z mnt`: the mount of a server that is gone.

@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 mod compiled;
+mod confine;
 mod container;
 mod fill;
 mod fusefs;
@@ -192,6 +193,9 @@ fn main() -> ExitCode {
     }
     if std::env::args_os().next().as_deref() == Some(fusefs::FUSE_ARG0.as_ref()) {
         fusefs::main()
+    }
+    if std::env::args_os().next().as_deref() == Some(fusefs::UNMOUNT_ARG0.as_ref()) {
+        fusefs::unmounter_main()
     }
     if std::env::args_os().next().as_deref() == Some(lazyfs::PREP_ARG0.as_ref()) {
         lazyfs::prepare_main()

@@ -30,6 +30,8 @@ struct Setup {
     bin: PathBuf,
     pkg: PathBuf,
     bucket: String,
+    /// The standard AWS variables of an `s3://` bucket's server (MinIO), for every run.
+    env: Vec<(&'static str, String)>,
 }
 
 impl Drop for Setup {
@@ -40,6 +42,12 @@ impl Drop for Setup {
 
 /// `None` (and a loud SKIP) where this process cannot become nobody.
 fn setup(big: usize) -> Option<Setup> {
+    setup_in(big, None)
+}
+
+/// [`setup`] with the packages published to `s3` (bucket `libs`, made here) instead of a
+/// `file://` bucket.
+fn setup_in(big: usize, s3: Option<&common::Minio>) -> Option<Setup> {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("SKIPPED: needs root to start the supervisor as nobody");
         return None;
@@ -67,11 +75,22 @@ fn setup(big: usize) -> Option<Setup> {
     let other = common::make_pkg(&tmp.path().join("src"), "demo_y", 1000);
     let dir = tmp.path().join("bucket");
     std::fs::create_dir_all(&dir).unwrap();
-    let bucket = format!("file://{}", dir.display());
+    let (bucket, env) = match s3 {
+        Some(m) => {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(m.bucket("libs", &sigma_fetcher::FetchConfig::default()));
+            ("s3://libs".to_owned(), m.aws_env())
+        }
+        None => (format!("file://{}", dir.display()), Vec::new()),
+    };
     let out = interp::supervisor()
         .args(["publish", "--bucket", &bucket])
         .arg(&pkg)
         .arg(&other)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
@@ -91,6 +110,7 @@ fn setup(big: usize) -> Option<Setup> {
         bin,
         pkg,
         bucket,
+        env,
     })
 }
 
@@ -122,7 +142,8 @@ impl Setup {
             .env_remove("RUST_LOG")
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("HOME", &work)
-            .env_remove("XDG_CACHE_HOME");
+            .env_remove("XDG_CACHE_HOME")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }
 
@@ -220,6 +241,12 @@ fn an_ordinary_users_incomplete_realm_is_served_by_its_fuse_server_at_kernel_spe
         "['__init__.py', '__pycache__', 'blob.bin', 'sub'] 3000000\n"
     );
     let server = fuse_server(&o);
+    // The server, which answers procs' requests, runs confined: no new privileges, a seccomp
+    // filter (no exec, no ptrace, no namespaces or mounts), and its unmounter beside it.
+    let status = std::fs::read_to_string(format!("/proc/{server}/status")).unwrap();
+    assert!(status.contains("\nNoNewPrivs:\t1\n"), "{status}");
+    assert!(status.contains("\nSeccomp:\t2\n"), "{status}");
+    assert_eq!(unmounters_of(server).len(), 1);
     let line = realm_line(&o);
     assert!(line.contains("started by this run"), "{line}");
     assert_eq!(counter(&line, "fetched "), 0, "{line}");
@@ -323,6 +350,7 @@ fn kill_9_of_the_fuse_server_during_a_fetch_never_gives_zeros_and_the_next_run_r
     std::thread::sleep(Duration::from_millis(300));
     let servers = interp::fuse_servers_of(&s.cache());
     assert_eq!(servers.len(), 1, "one server: {servers:?}");
+    let name = fuse_mount_name(&s, servers[0]);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(servers[0]),
         nix::sys::signal::Signal::SIGKILL,
@@ -342,6 +370,22 @@ fn kill_9_of_the_fuse_server_during_a_fetch_never_gives_zeros_and_the_next_run_r
     assert!(start.elapsed() < Duration::from_secs(20));
     assert!(out.starts_with("error "), "the reader got {out:?}");
     assert!(status.success(), "the proc handled the error itself");
+    // Its unmounter removes the dead server's mount, without waiting for a next server.
+    // (A dead server's mount answers ENOTCONN to `stat`: look for its name and its mount.)
+    let dead = s.cache().join(format!("realms/r/fuse/{name}"));
+    let left = || {
+        let listed = std::fs::read_dir(s.cache().join("realms/r/fuse"))
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy() == name);
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        listed || mounts.contains(&*dead.to_string_lossy())
+    };
+    let start = Instant::now();
+    while left() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!left(), "{} is left", dead.display());
 
     // The bytes arrive: the next run starts a server of its own and reads the real file.
     std::fs::remove_file(&archive).unwrap();
@@ -355,7 +399,7 @@ fn kill_9_of_the_fuse_server_during_a_fetch_never_gives_zeros_and_the_next_run_r
     let line = realm_line(&o);
     assert!(line.contains("started by this run"), "{line}");
     assert_ne!(fuse_server(&o) as i32, servers[0]);
-    // The dead server's mount is gone (the new server removed it).
+    // Nothing of the dead server is left (its unmounter removed its mount and directory).
     let left: Vec<String> = std::fs::read_dir(s.cache().join("realms/r/fuse"))
         .unwrap()
         .flatten()
@@ -363,6 +407,62 @@ fn kill_9_of_the_fuse_server_during_a_fetch_never_gives_zeros_and_the_next_run_r
         .filter(|n| n.ends_with(&format!("-{}", servers[0])))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn an_s3_buckets_realm_is_served_by_its_confined_fuse_server() {
+    // The server fetches over S3 (MinIO on 127.0.0.1, the standard AWS variables) once it has
+    // confined itself: what a fetch reads (configuration, certificates, the network) it still
+    // reaches; it writes only in the cache.
+    let m = common::Minio::start();
+    let Some(s) = setup_in(2_000_000, Some(&m)) else {
+        return;
+    };
+    s.snapshot();
+    let want = s.sha256_of(&s.pkg.join("blob.bin"));
+    let o = s.run(
+        "import hashlib, demo_z; print(demo_z.NAME, hashlib.sha256(open('/sigma/lib/demo_z/blob.bin','rb').read()).hexdigest())",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("demo_z {want}\n"));
+    let line = realm_line(&o);
+    assert!(line.contains("started by this run"), "{line}");
+    assert!(line.contains("s3://libs"), "{line}");
+    assert_eq!(counter(&line, "fetched "), 1, "{line}");
+    let server = fuse_server(&o);
+    let status = std::fs::read_to_string(format!("/proc/{server}/status")).unwrap();
+    assert!(status.contains("\nSeccomp:\t2\n"), "{status}");
+    // The package the server fetched was installed in the realm (its lib dir, in the cache).
+    assert!(s.cache().join("realms/r/lib/demo_z/blob.bin").is_file());
+}
+
+/// The name of server `pid`'s mount directory in the realm's `fuse` dir (`<key>-<pid>`).
+fn fuse_mount_name(s: &Setup, pid: i32) -> String {
+    std::fs::read_dir(s.cache().join("realms/r/fuse"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.ends_with(&format!("-{pid}")))
+        .unwrap_or_else(|| panic!("no mount directory of server {pid}"))
+}
+
+/// The unmounters (`sigma-supervise-unmount`) whose parent is `server`.
+fn unmounters_of(server: u32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // Field 4, after the parenthesised name.
+            let ppid = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split(' ').nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            cmd.starts_with(b"sigma-supervise-unmount\0") && ppid == Some(server)
+        })
+        .collect()
 }
 
 #[test]
