@@ -90,6 +90,11 @@ struct Dir {
 /// a target changes one (which clears them all). `fixed`: its name cannot change either
 /// ([`ProcView::name_is_fixed`]), so it is used without a look-up; otherwise it is read from
 /// /proc at every call (remembered only so the name is not checked again).
+///
+/// Keyed by thread id: a number reused by a new thread before any change of cwd (after the
+/// host's whole pid space has cycled) would find its predecessor's cwd. That name is a lexical
+/// one in the target's own view, as every name here is: the kernel resolves the call, and a
+/// serve opens beneath the target's root, so it grants nothing the target could not reach.
 struct Cwd {
     tid: u32,
     fixed: Option<(Vec<u8>, u64)>,
