@@ -308,29 +308,17 @@ fn paths_relative_to_the_cwd_follow_every_change_of_cwd() {
     // The supervisor resolves paths relative to the start cwd without /proc until some target
     // changes a cwd (chdir, fchdir, in any process): each step below would be decided on the
     // wrong path if it kept doing so.
-    let lib = tempfile::tempdir().unwrap();
-    let pkg = lib.path().join("servedpkg");
-    std::fs::create_dir(&pkg).unwrap();
-    std::fs::write(pkg.join("inner.py"), "SERVED\n").unwrap();
     // Under /var/tmp the jail shows the cwd (a bind) on its read-only root; the second run
     // below starts under /tmp, the jail's own tmpfs (a mount on the root): both names are
     // fixed, so the start cwd is resolved without /proc in both.
-    let work = tempfile::tempdir_in("/var/tmp").unwrap();
-    std::fs::write(work.path().join("inner.py"), "LOCAL\n").unwrap();
-    let shadow = work.path().join("sigma/lib/servedpkg");
-    std::fs::create_dir_all(&shadow).unwrap();
-    std::fs::write(shadow.join("inner.py"), "SHADOW\n").unwrap();
-    let trace = lib.path().join("trace.txt");
-    let w = work.path().display().to_string();
+    let s = shadowed();
+    std::fs::write(s.work.path().join("inner.py"), "LOCAL\n").unwrap();
+    let trace = &s.trace;
+    let w = s.work.path().display().to_string();
     let code = format!(
         r#"
 import os, subprocess
-def rd(p):
-    try:
-        return open(p).read().strip()
-    except OSError as e:
-        return type(e).__name__
-print("start", rd("inner.py"), rd("sigma/lib/servedpkg/inner.py"))
+{PY_RD}print("start", rd("inner.py"), rd("sigma/lib/servedpkg/inner.py"))
 subprocess.run(["python3", "-c", "import os; os.chdir('/'); print('child', open('sigma/lib/servedpkg/inner.py').read().strip())"], check=True)
 print("parent", rd("inner.py"))
 os.chdir("/")
@@ -341,18 +329,13 @@ os.fchdir(os.open("/sigma/lib/servedpkg", os.O_RDONLY | os.O_DIRECTORY))
 print("fchdir", rd("inner.py"))
 "#
     );
-    let serve = format!("/sigma/lib={}", lib.path().display());
-    let o = run(sup()
-        .current_dir(work.path())
-        .arg(format!("--trace={}", trace.display()))
-        .args(["--serve", &serve, "python3", "-c", &code]));
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = s.run(&code);
     assert_eq!(
         stdout(&o),
         "start LOCAL SHADOW\nchild SERVED\nparent LOCAL\nroot SERVED\nback LOCAL\nfchdir SERVED\n"
     );
     // And each was decided on the path the kernel would open.
-    let opens = traced_opens(&trace, |p| p.ends_with("/inner.py"));
+    let opens = traced_opens(trace, |p| p.ends_with("/inner.py"));
     let local = format!("{w}/inner.py");
     let served = "/sigma/lib/servedpkg/inner.py".to_owned();
     let want = [
@@ -380,14 +363,68 @@ print("fchdir", rd("inner.py"))
     let code = "import os; print(open('inner.py').read().strip()); \
                 os.fchdir(os.open('/sigma/lib/servedpkg', os.O_RDONLY | os.O_DIRECTORY)); \
                 print(open('inner.py').read().strip())";
+    let serve = format!("/sigma/lib={}", s.lib.path().display());
     let o = run(sup()
         .current_dir(work.path())
         .arg(format!("--trace={}", trace.display()))
         .args(["--serve", &serve, "python3", "-c", code]));
     assert_eq!(stdout(&o), "LOCAL\nSERVED\n", "{}", stderr(&o));
-    let opens = traced_opens(&trace, |p| p.ends_with("/inner.py"));
-    let decisions: Vec<&str> = opens.iter().map(|(_, d)| d.as_str()).collect();
-    assert_eq!(decisions, ["continue", "serve"], "{opens:?}");
+    assert_eq!(s.decisions(), ["continue", "serve"]);
+}
+
+/// A served dir (`servedpkg/inner.py`: SERVED) and a work dir on the jail's read-only root
+/// whose `sigma/lib/servedpkg/inner.py` (SHADOW) is the same relative path from it as the
+/// served file is from `/`: a path relative to a cwd or dirfd decided on the wrong directory
+/// reads the other one.
+struct Shadowed {
+    lib: tempfile::TempDir,
+    work: tempfile::TempDir,
+    trace: PathBuf,
+}
+
+fn shadowed() -> Shadowed {
+    let lib = tempfile::tempdir().unwrap();
+    let pkg = lib.path().join("servedpkg");
+    std::fs::create_dir(&pkg).unwrap();
+    std::fs::write(pkg.join("inner.py"), "SERVED\n").unwrap();
+    let work = tempfile::tempdir_in("/var/tmp").unwrap();
+    let shadow = work.path().join("sigma/lib/servedpkg");
+    std::fs::create_dir_all(&shadow).unwrap();
+    std::fs::write(shadow.join("inner.py"), "SHADOW\n").unwrap();
+    let trace = lib.path().join("trace.txt");
+    Shadowed { lib, work, trace }
+}
+
+impl Shadowed {
+    /// `python3 -c code` from the work dir, traced, with the served dir at /sigma/lib.
+    fn run(&self, code: &str) -> Output {
+        let serve = format!("/sigma/lib={}", self.lib.path().display());
+        let o = run(sup()
+            .current_dir(self.work.path())
+            .arg(format!("--trace={}", self.trace.display()))
+            .args(["--serve", &serve, "python3", "-c", code]));
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        o
+    }
+
+    /// The decisions on every open of an `inner.py`, in order.
+    fn decisions(&self) -> Vec<String> {
+        traced_opens(&self.trace, |p| p.ends_with("/inner.py"))
+            .into_iter()
+            .map(|(_, d)| d)
+            .collect()
+    }
+}
+
+/// A Python helper for the programs below: `rd(path)` is the file's stripped text, or the
+/// name of the error opening it raised.
+const PY_RD: &str = "def rd(p):\n    try:\n        return open(p).read().strip()\n    except OSError as e:\n        return type(e).__name__\n";
+
+/// `rounds` pairs, `even`'s in even rounds and `odd`'s in odd ones.
+fn alternating<'a>(rounds: usize, even: &'a str, odd: &'a str) -> Vec<&'a str> {
+    (0..rounds)
+        .flat_map(|i| [if i % 2 == 0 { even } else { odd }; 2])
+        .collect()
 }
 
 #[test]
@@ -398,25 +435,11 @@ fn a_cwd_remembered_after_a_change_follows_every_thread_that_shares_it() {
     // path after each change, twice: every open must be decided on the cwd the kernel uses,
     // whether or not the changing thread has made a call since (which is when its change is
     // known to have taken effect).
-    let lib = tempfile::tempdir().unwrap();
-    let pkg = lib.path().join("servedpkg");
-    std::fs::create_dir(&pkg).unwrap();
-    std::fs::write(pkg.join("inner.py"), "SERVED\n").unwrap();
-    let work = tempfile::tempdir_in("/var/tmp").unwrap();
-    let shadow = work.path().join("sigma/lib/servedpkg");
-    std::fs::create_dir_all(&shadow).unwrap();
-    std::fs::write(shadow.join("inner.py"), "SHADOW\n").unwrap();
-    let trace = lib.path().join("trace.txt");
-    let w = work.path().display().to_string();
+    let s = shadowed();
     let code = format!(
         r#"
 import os, threading
-def rd(p):
-    try:
-        return open(p).read().strip()
-    except OSError as e:
-        return type(e).__name__
-out = []
+{PY_RD}out = []
 go, done = threading.Event(), threading.Event()
 def other():
     for i in range(8):
@@ -427,44 +450,22 @@ def other():
 t = threading.Thread(target=other)
 t.start()
 for i in range(8):
-    os.chdir("/" if i % 2 == 0 else "{w}")
+    os.chdir("/" if i % 2 == 0 else "{}")
     if i % 4 >= 2:
         os.stat("/")
     go.set(); done.wait(); done.clear()
 t.join()
 print(" ".join(out))
 print(rd("sigma/lib/servedpkg/inner.py"))
-"#
+"#,
+        s.work.path().display()
     );
-    let serve = format!("/sigma/lib={}", lib.path().display());
-    let o = run(sup()
-        .current_dir(work.path())
-        .arg(format!("--trace={}", trace.display()))
-        .args(["--serve", &serve, "python3", "-c", &code]));
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let want: Vec<&str> = (0..8)
-        .flat_map(|i| {
-            if i % 2 == 0 {
-                ["SERVED"; 2]
-            } else {
-                ["SHADOW"; 2]
-            }
-        })
-        .collect();
-    assert_eq!(stdout(&o), format!("{}\nSHADOW\n", want.join(" ")));
-    let opens = traced_opens(&trace, |p| p.ends_with("/inner.py"));
-    let decisions: Vec<&str> = opens.iter().map(|(_, d)| d.as_str()).collect();
-    let want: Vec<&str> = (0..8)
-        .flat_map(|i| {
-            if i % 2 == 0 {
-                ["serve"; 2]
-            } else {
-                ["continue"; 2]
-            }
-        })
-        .chain(["continue"])
-        .collect();
-    assert_eq!(decisions, want, "{opens:?}");
+    let o = s.run(&code);
+    let want = alternating(8, "SERVED", "SHADOW").join(" ");
+    assert_eq!(stdout(&o), format!("{want}\nSHADOW\n"));
+    let mut want = alternating(8, "serve", "continue");
+    want.push("continue");
+    assert_eq!(s.decisions(), want);
 }
 
 #[test]
@@ -473,23 +474,14 @@ fn a_dirfd_number_reused_for_another_directory_is_named_again() {
     // cannot change; its fd number can be closed and reused for another directory without a
     // notification, and every path relative to it must be decided on the directory it names
     // at that call.
-    let lib = tempfile::tempdir().unwrap();
-    let pkg = lib.path().join("servedpkg");
-    std::fs::create_dir(&pkg).unwrap();
-    std::fs::write(pkg.join("inner.py"), "SERVED\n").unwrap();
-    let work = tempfile::tempdir_in("/var/tmp").unwrap();
-    let shadow = work.path().join("sigma/lib/servedpkg");
-    std::fs::create_dir_all(&shadow).unwrap();
-    std::fs::write(shadow.join("inner.py"), "SHADOW\n").unwrap();
-    let trace = lib.path().join("trace.txt");
-    let w = work.path().display().to_string();
+    let s = shadowed();
     let code = format!(
         r#"
 import os
 N = 100
 out = []
 for i in range(6):
-    d = os.open("/" if i % 2 == 0 else "{w}", os.O_RDONLY | os.O_DIRECTORY)
+    d = os.open("/" if i % 2 == 0 else "{}", os.O_RDONLY | os.O_DIRECTORY)
     os.dup2(d, N)
     os.close(d)
     for _ in range(2):
@@ -498,36 +490,13 @@ for i in range(6):
         os.close(fd)
     os.close(N)
 print(" ".join(out))
-"#
+"#,
+        s.work.path().display()
     );
-    let serve = format!("/sigma/lib={}", lib.path().display());
-    let o = run(sup()
-        .current_dir(work.path())
-        .arg(format!("--trace={}", trace.display()))
-        .args(["--serve", &serve, "python3", "-c", &code]));
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let want: Vec<&str> = (0..6)
-        .flat_map(|i| {
-            if i % 2 == 0 {
-                ["SERVED"; 2]
-            } else {
-                ["SHADOW"; 2]
-            }
-        })
-        .collect();
-    assert_eq!(stdout(&o), format!("{}\n", want.join(" ")));
-    let opens = traced_opens(&trace, |p| p.ends_with("/inner.py"));
-    let decisions: Vec<&str> = opens.iter().map(|(_, d)| d.as_str()).collect();
-    let want: Vec<&str> = (0..6)
-        .flat_map(|i| {
-            if i % 2 == 0 {
-                ["serve"; 2]
-            } else {
-                ["continue"; 2]
-            }
-        })
-        .collect();
-    assert_eq!(decisions, want, "{opens:?}");
+    let o = s.run(&code);
+    let want = alternating(6, "SERVED", "SHADOW").join(" ");
+    assert_eq!(stdout(&o), format!("{want}\n"));
+    assert_eq!(s.decisions(), alternating(6, "serve", "continue"));
 }
 
 /// The same start-cwd resolution for a supervisor started by an unprivileged user (nobody):
