@@ -1,8 +1,9 @@
-//! Confinement of a helper process that outlives runs and answers procs' requests (the
-//! realm's FUSE server, [`crate::fusefs`]): it runs as the supervisor's user, outside any
-//! jail, and everything it is asked comes from procs. Once it has what it needs from the rest
-//! of the system (its mount, its unmounter), it gives up what it never needs again, for itself
-//! and every thread it starts after:
+//! Confinement of the helper processes that outlive runs and handle hostile input outside any
+//! jail, as the supervisor's user: the realm's FUSE server ([`crate::fusefs`]: everything it is
+//! asked comes from procs) and fill processes ([`crate::fill`]: what they unpack comes from the
+//! bucket). Once a helper has what it needs from the rest of the system (the server its mount
+//! and its unmounter), it gives up what it never needs again, for itself and every thread it
+//! starts after:
 //! - Landlock: write only under the cache root (and the realm dir), read only what a fetch
 //!   reads (the system's configuration and certificates, `/proc`, `/sys`, the user's AWS
 //!   files, a `file://` bucket), execute nothing; no signal to, and no abstract unix socket

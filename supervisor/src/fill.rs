@@ -329,7 +329,14 @@ pub fn main() -> ! {
     jail::close_fds_from(3);
     // Our memory holds credentials, as the supervisor's does.
     let _ = nix::sys::prctl::set_dumpable(false);
+    // What it unpacks comes from the bucket: confined before its first thread (the report's).
+    let confined = confine();
     let report = Report::new();
+    if let Err(e) = confined {
+        let msg = format!("{e:#}").replace('\n', " ");
+        report.say_now(&format!("err other confining the fill process: {msg}"));
+        std::process::exit(1)
+    }
     let code = match fill(&report) {
         Ok(()) => 0,
         Err(e) => {
@@ -344,6 +351,21 @@ pub fn main() -> ! {
         }
     };
     std::process::exit(code)
+}
+
+/// [`crate::confine::confine`]: writes only under the cache root (argv[1]), reads what a fetch
+/// reads and a `file://` bucket (argv[3]). Bad arguments are left to [`fill`] to report.
+fn confine() -> anyhow::Result<()> {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let (Some(root), Some(bucket)) = (args.get(1), args.get(3)) else {
+        return Ok(());
+    };
+    let bucket_dir = bucket
+        .to_str()
+        .and_then(|b| b.strip_prefix("file://"))
+        .map(PathBuf::from);
+    crate::confine::confine(&[std::path::Path::new(root)], bucket_dir.as_slice())?;
+    Ok(())
 }
 
 fn fill(report: &Arc<Report>) -> Result<(), FetchError> {

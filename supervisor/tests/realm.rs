@@ -1156,6 +1156,11 @@ fn a_run_that_needed_its_package_s_first_files_ends_before_the_rest_arrives() {
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
     let fills = interp::fills_of(&cache);
     assert_eq!(fills.len(), 1, "one fill process: {fills:?}");
+    // What it unpacks comes from the bucket: it runs confined (no new privileges, a seccomp
+    // filter; Landlock's rules are not shown in /proc).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", fills[0])).unwrap();
+    assert!(status.contains("\nNoNewPrivs:\t1\n"), "{status}");
+    assert!(status.contains("\nSeccomp:\t2\n"), "{status}");
     // Past the import trace (the imported files), while the run lasts, the rest is written
     // with idle CPU only.
     wait_for_policy(fills[0], "5", "the fill process is not in SCHED_IDLE");
