@@ -602,8 +602,7 @@ impl RealmPlan {
         // next start mounts the lib dir and the image is no longer needed.
         let (rt, cache, reported, _) = self.open_cache(false, true, None)?;
         let (realm, bucket) = (self.opts.realm.clone(), self.bucket.clone());
-        let report: Arc<dyn Fn(&FetchError) + Send + Sync> =
-            Arc::new(move |e| report_once(&reported, &realm, &bucket, e));
+        let report: ReportFn = Arc::new(move |e| report_once(&reported, &realm, &bucket, e));
         let from_lib = image.lib_entries.len();
         let server = crate::lazyfs::FillServer::start(
             image,
@@ -762,8 +761,17 @@ impl RealmPlan {
             by_pkg: Mutex::new(HashMap::new()),
             idle: Condvar::new(),
             files: AtomicU64::new(0),
+            report: std::sync::OnceLock::new(),
         });
         let (rt, cache, reported, index) = self.open_cache(true, true, Some(&streams))?;
+        let (realm, bucket, said) = (
+            self.opts.realm.clone(),
+            self.bucket.clone(),
+            reported.clone(),
+        );
+        let _ = streams
+            .report
+            .set(Arc::new(move |e| report_once(&said, &realm, &bucket, e)));
         let entries: Vec<TopLevelEntry> = index
             .as_deref()
             .map(Index::top_level_entries)
@@ -1112,6 +1120,9 @@ struct Outcomes {
 /// Packages whose download streams into the lib dir (see [`fetcher::Placement`]): from
 /// `placed` to the end of the install, their names are all there and a file may be served
 /// once the unpacker has announced it verified.
+/// Says a fetch error to the user (once per message: [`report_once`]).
+type ReportFn = Arc<dyn Fn(&FetchError) + Send + Sync>;
+
 struct Streams {
     lib: PathBuf,
     by_pkg: Mutex<HashMap<String, Arc<Stream>>>,
@@ -1119,6 +1130,9 @@ struct Streams {
     idle: Condvar,
     /// Files announced verified while their package was incomplete.
     files: AtomicU64,
+    /// Says a failed install (once per message, as the ensure that started it does): set once
+    /// the cache is open. A waiter may be answered, and the run end, before that ensure ends.
+    report: std::sync::OnceLock<ReportFn>,
 }
 
 /// One package's download, as the resolver's waiters see it.
@@ -1245,6 +1259,9 @@ impl fetcher::Placement for Streams {
     fn ended(&self, pkg: &fetcher::index::Package, result: Result<(), &FetchError>) {
         if jail::marking() {
             jail::mark(&format!("ended:{}", pkg.name));
+        }
+        if let (Err(e), Some(report)) = (result, self.report.get()) {
+            report(e);
         }
         // Later lookups see the marker (or, after a failure, start over); waiters keep theirs.
         let mut map = lock(&self.by_pkg);
