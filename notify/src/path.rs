@@ -46,6 +46,10 @@ const PROC_DIRS: usize = 8;
 /// reads every cwd from /proc for the rest of the run.
 const MOVING_MAX: usize = 64;
 
+/// While changes of cwd are pending, every this many cwds read from /proc the pending changes
+/// whose thread is gone are dropped ([`ProcView::prune_moving`]).
+const PRUNE_EVERY: u32 = 16;
+
 /// Resolves target paths for the receive loop without allocating per call (its buffers keep
 /// their capacity) and without walking `/proc/<tid>` each time: the last few targets'
 /// `/proc/<tid>` directories stay open.
@@ -69,6 +73,8 @@ pub struct ProcView {
     moving: Vec<u32>,
     /// `moving` overflowed: cwds are read from /proc for the rest of the run.
     moving_lost: bool,
+    /// Cwds read from /proc while `moving` was not empty (see [`ProcView::prune_moving`]).
+    unsettled_reads: u32,
     /// Targets' cwds read since every change of cwd took effect (see [`Cwd`]).
     cwds: Vec<Cwd>,
     /// Directories targets passed as dirfds (see [`Dir`]), at most [`PROC_DIRS`].
@@ -253,8 +259,22 @@ impl ProcView {
         }
     }
 
-    /// Whether cwds read now stay what they are until the next [`cwd_changes`](Self::cwd_changes).
-    fn cwds_settled(&self) -> bool {
+    /// A change of cwd whose thread is gone has taken effect, or never will: every
+    /// [`PRUNE_EVERY`] cwds read from /proc while changes are pending, those whose thread no
+    /// longer exists are dropped. (A thread that changes its cwd and exits without another
+    /// notified call, as a `subprocess` child given a `cwd` may, is never seen again.) A thread
+    /// that has exited but is not reaped yet still counts until a later prune.
+    fn prune_moving(&mut self) {
+        self.unsettled_reads = self.unsettled_reads.wrapping_add(1);
+        if self.unsettled_reads % PRUNE_EVERY == 0 {
+            self.moving
+                .retain(|t| Path::new(&format!("/proc/{t}")).symlink_metadata().is_ok());
+        }
+    }
+
+    /// Whether cwds read now stay what they are until the next [`cwd_changes`](Self::cwd_changes)
+    /// (so they are remembered).
+    pub fn cwds_settled(&self) -> bool {
         self.cwd_seen && self.bufs.root_fixed && self.moving.is_empty() && !self.moving_lost
     }
 
@@ -294,6 +314,9 @@ impl ProcView {
             if let StartCwd::Known(base) = &self.start_cwd {
                 join_normalized_into(base, path, out);
                 return Ok(());
+            }
+            if !self.moving.is_empty() {
+                self.prune_moving();
             }
             if self.cwds_settled() {
                 if let Some(c) = self.cwds.iter().find(|c| c.tid == pid) {
@@ -659,6 +682,40 @@ mod tests {
 
     fn n(s: &str) -> String {
         normalize(Path::new(s)).to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn a_change_of_cwd_by_a_thread_that_is_gone_settles() {
+        // A process that changed its cwd and exited (reaped) is never seen again: after a few
+        // cwds read from /proc its change no longer keeps cwds from being remembered.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let mut view = ProcView::default();
+        view.set_root_fixed(true);
+        view.set_cwd_changes_seen(true);
+        let me = std::process::id();
+        let mut out = Vec::new();
+        view.absolute_into(me, libc::AT_FDCWD, b"x", &mut out)
+            .unwrap();
+        view.cwd_changes(gone);
+        assert!(!view.cwds_settled());
+        for _ in 0..PRUNE_EVERY {
+            view.absolute_into(me, libc::AT_FDCWD, b"x", &mut out)
+                .unwrap();
+        }
+        assert!(view.cwds_settled());
+        // A live one keeps them from it until it is seen again.
+        view.cwd_changes(me);
+        for _ in 0..2 * PRUNE_EVERY {
+            view.absolute_into(me, libc::AT_FDCWD, b"x", &mut out)
+                .unwrap();
+        }
+        assert!(!view.cwds_settled());
+        view.task_seen(me);
+        assert!(view.cwds_settled());
+        let cwd = std::env::current_dir().unwrap().join("x");
+        assert_eq!(out, cwd.as_os_str().as_encoded_bytes());
     }
 
     #[test]
