@@ -266,7 +266,7 @@ impl ProcView {
     /// that has exited but is not reaped yet still counts until a later prune.
     fn prune_moving(&mut self) {
         self.unsettled_reads = self.unsettled_reads.wrapping_add(1);
-        if self.unsettled_reads % PRUNE_EVERY == 0 {
+        if self.unsettled_reads.is_multiple_of(PRUNE_EVERY) {
             self.moving
                 .retain(|t| Path::new(&format!("/proc/{t}")).symlink_metadata().is_ok());
         }
