@@ -1267,10 +1267,11 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
     let pid = child.id() as i32;
     kill_while_the_blob_waits(&mut child, pid);
     let _ = child.wait();
-    // Whatever the proc printed after the kill, never bytes that are not the blob's.
+    // Whatever the proc printed after the kill, never bytes that are not the blob's (its last
+    // line may end short of the errno as the jail ends: seen once under load as "error").
     let after: Vec<String> = std::iter::from_fn(|| line_within(&lines)).collect();
     assert!(
-        after.iter().all(|l| l.starts_with("error ")),
+        after.iter().all(|l| l == "error" || l.starts_with("error ")),
         "a blocked reader gets an error or nothing: {after:?}"
     );
     // The install outlives the supervisor: the rest of the archive still lands, verified.
@@ -1349,10 +1350,11 @@ fn kill_9_of_a_supervisor_downloading_itself_gives_errors_never_zeros_and_the_ne
     kill_while_the_blob_waits(&mut child, pid);
     let _ = child.wait();
     drop(fifo);
-    // Whatever the proc printed after the kill, never bytes that are not the blob's.
+    // Whatever the proc printed after the kill, never bytes that are not the blob's (its last
+    // line may end short of the errno as the jail ends: seen once under load as "error").
     let after: Vec<String> = std::iter::from_fn(|| line_within(&lines)).collect();
     assert!(
-        after.iter().all(|l| l.starts_with("error ")),
+        after.iter().all(|l| l == "error" || l.starts_with("error ")),
         "a blocked reader gets an error or nothing: {after:?}"
     );
     // Left behind: a placed skeleton and its journal, no marker (no fill process ran).
