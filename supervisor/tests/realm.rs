@@ -1268,7 +1268,8 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
     kill_while_the_blob_waits(&mut child, pid);
     let _ = child.wait();
     // Whatever the proc printed after the kill, never bytes that are not the blob's (its last
-    // line may end short of the errno as the jail ends: seen once under load as "error").
+    // line may end short of the errno as the jail ends: with PYTHONUNBUFFERED in the
+    // environment, `print` writes the word and the errno apart).
     let after: Vec<String> = std::iter::from_fn(|| line_within(&lines)).collect();
     assert!(
         after.iter().all(|l| l == "error" || l.starts_with("error ")),
@@ -1351,7 +1352,8 @@ fn kill_9_of_a_supervisor_downloading_itself_gives_errors_never_zeros_and_the_ne
     let _ = child.wait();
     drop(fifo);
     // Whatever the proc printed after the kill, never bytes that are not the blob's (its last
-    // line may end short of the errno as the jail ends: seen once under load as "error").
+    // line may end short of the errno as the jail ends: with PYTHONUNBUFFERED in the
+    // environment, `print` writes the word and the errno apart).
     let after: Vec<String> = std::iter::from_fn(|| line_within(&lines)).collect();
     assert!(
         after.iter().all(|l| l == "error" || l.starts_with("error ")),
