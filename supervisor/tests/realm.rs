@@ -1272,7 +1272,9 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
     // environment, `print` writes the word and the errno apart).
     let after: Vec<String> = std::iter::from_fn(|| line_within(&lines)).collect();
     assert!(
-        after.iter().all(|l| l == "error" || l.starts_with("error ")),
+        after
+            .iter()
+            .all(|l| l == "error" || l.starts_with("error ")),
         "a blocked reader gets an error or nothing: {after:?}"
     );
     // The install outlives the supervisor: the rest of the archive still lands, verified.
@@ -1356,7 +1358,9 @@ fn kill_9_of_a_supervisor_downloading_itself_gives_errors_never_zeros_and_the_ne
     // environment, `print` writes the word and the errno apart).
     let after: Vec<String> = std::iter::from_fn(|| line_within(&lines)).collect();
     assert!(
-        after.iter().all(|l| l == "error" || l.starts_with("error ")),
+        after
+            .iter()
+            .all(|l| l == "error" || l.starts_with("error ")),
         "a blocked reader gets an error or nothing: {after:?}"
     );
     // Left behind: a placed skeleton and its journal, no marker (no fill process ran).
