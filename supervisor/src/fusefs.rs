@@ -704,6 +704,10 @@ struct Content {
     by_sha: HashMap<String, Vec<u64>>,
     /// Top-level entries whose package a worker has been asked to install.
     installing: Mutex<std::collections::HashSet<String>>,
+    /// Top-level entry → the workers installing its package now: a reader answered as soon as
+    /// its file was verified may see its run end before the install does, and the counters
+    /// then say so (`installing`) rather than show no fetch.
+    in_flight: Mutex<HashMap<String, usize>>,
     /// sha256 → where the fetcher verified that content during an install still under way
     /// ([`verified`](Self::verified)); a path gone since (the install moved it) is looked up in
     /// the store instead.
@@ -749,7 +753,18 @@ impl Content {
         let Some(Kind::File { size, sha256, top }) = self.tree.node(ino).map(|n| &n.kind) else {
             return;
         };
-        let got = match self.rt.block_on(self.cache.ensure(top)) {
+        *lock(&self.in_flight).entry(top.clone()).or_default() += 1;
+        let ensured = self.rt.block_on(self.cache.ensure(top));
+        {
+            let mut in_flight = lock(&self.in_flight);
+            if let Some(n) = in_flight.get_mut(top) {
+                *n -= 1;
+                if *n == 0 {
+                    in_flight.remove(top);
+                }
+            }
+        }
+        let got = match ensured {
             Ok(_) => self.stored(sha256, *size).ok_or_else(
                 || tracing::warn!(sha = %sha256, "verified content missing from the store"),
             ),
@@ -814,7 +829,7 @@ impl Content {
         let c = self.cache.stats();
         let line = format!(
             "{} reads; {} lookups ({} missed), {} getattrs, {} readdirs; opened {} files ({} \
-             after a fetch); denied {}; fetched {} packages, {} bytes, {} GETs\n",
+             after a fetch); denied {}; fetched {} packages ({} installing), {} bytes, {} GETs\n",
             self.reads.load(Ordering::Relaxed),
             self.lookups.load(Ordering::Relaxed),
             self.missed.load(Ordering::Relaxed),
@@ -824,12 +839,13 @@ impl Content {
             self.waited.load(Ordering::Relaxed),
             self.denied.load(Ordering::Relaxed),
             c.packages_fetched,
+            lock(&self.in_flight).len(),
             c.bytes_fetched,
             c.gets
         );
         if let Some(f) = &self.stats {
             // One small write in place, padded over the last (no new file per first touch).
-            let _ = f.write_all_at(format!("{:<200}", line.trim_end()).as_bytes(), 0);
+            let _ = f.write_all_at(format!("{:<256}", line.trim_end()).as_bytes(), 0);
         }
     }
 
@@ -890,6 +906,7 @@ impl RealmFs {
             waiting: Mutex::new(HashMap::new()),
             by_sha,
             installing: Mutex::new(std::collections::HashSet::new()),
+            in_flight: Mutex::new(HashMap::new()),
             staged: Mutex::new(HashMap::new()),
             born: Instant::now(),
             last: AtomicU64::new(0),
