@@ -386,14 +386,7 @@ impl ProcView {
                     Ok(Some(_)) => Some(self.bufs.base.clone()),
                     _ => None,
                 };
-                let d = Dir { id, fixed };
-                if self.dir_names.len() < PROC_DIRS {
-                    self.dir_names.push(d);
-                } else {
-                    // Any slot: a forgotten directory is named from /proc again.
-                    let i = id.3 as usize % PROC_DIRS;
-                    self.dir_names[i] = d;
-                }
+                keep(&mut self.dir_names, id.3 as usize, Dir { id, fixed });
             }
         }
         if dirfd == libc::AT_FDCWD && self.cwd_seen && self.bufs.root_fixed {
@@ -407,14 +400,7 @@ impl ProcView {
                     Ok(Some(mnt)) => Some((self.bufs.base.clone(), mnt)),
                     _ => None,
                 };
-                let c = Cwd { tid: pid, fixed };
-                if self.cwds.len() < PROC_DIRS {
-                    self.cwds.push(c);
-                } else {
-                    // Any slot: a forgotten cwd is read from /proc again.
-                    let i = pid as usize % PROC_DIRS;
-                    self.cwds[i] = c;
-                }
+                keep(&mut self.cwds, pid as usize, Cwd { tid: pid, fixed });
             }
         }
         join_normalized_into(&self.bufs.base, path, out);
@@ -488,6 +474,16 @@ impl ProcView {
         self.with_dir(pid, |proc, _| {
             sys::statx_at(proc, name.as_cstr(), 0, libc::STATX_MNT_ID).map(|st| st.stx_mnt_id)
         })
+    }
+}
+
+/// Remember `item` among at most [`PROC_DIRS`]: once full, in the slot `hint` picks (any
+/// slot will do: what is forgotten is read from /proc again).
+fn keep<T>(v: &mut Vec<T>, hint: usize, item: T) {
+    if v.len() < PROC_DIRS {
+        v.push(item);
+    } else {
+        v[hint % PROC_DIRS] = item;
     }
 }
 

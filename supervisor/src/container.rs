@@ -117,7 +117,7 @@ fn parse_bind(s: &str, rw: bool) -> anyhow::Result<jail::Bind> {
 }
 
 /// A `file:///DIR` URL's directory.
-fn file_url_dir(url: &str) -> Option<PathBuf> {
+pub(crate) fn file_url_dir(url: &str) -> Option<PathBuf> {
     url.strip_prefix("file://").map(PathBuf::from)
 }
 

@@ -376,7 +376,7 @@ fn start() -> Result<(fuser::Session<RealmFs>, Holds), LazyError> {
     })?;
     // Still one thread, and nothing more to start or mount: give up the rest (the fetch
     // runtime's threads and the workers inherit it).
-    let bucket_dir = bucket.strip_prefix("file://").map(PathBuf::from);
+    let bucket_dir = crate::container::file_url_dir(&bucket);
     let landlocked = crate::confine::confine(&[root, realm_dir], bucket_dir.as_slice())
         .map_err(|e| bad(&format!("confining the server: {e:#}")))?;
     if landlocked != crate::confine::Landlocked::Full {
@@ -528,18 +528,9 @@ fn spawn_unmounter(mnt: &Path) -> Result<OwnedFd, LazyError> {
 /// it cannot see a mount without `allow_other` (which needs `user_allow_other` in
 /// `/etc/fuse.conf`), and the server itself can run nothing once confined.
 pub fn unmounter_main() -> ! {
-    use std::io::Read as _;
     jail::close_fds_from(3);
-    let mut buf = [0u8; 64];
-    let mut stdin = std::io::stdin().lock();
-    loop {
-        match stdin.read(&mut buf) {
-            Ok(0) => break,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        }
-    }
+    // Until end of file (or an error): nothing is ever written to it.
+    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
     if let Some(mnt) = std::env::args_os().nth(1).map(PathBuf::from) {
         // Whether it is still mounted cannot be asked of it (a mount whose server is gone
         // answers ENOTCONN): fusermount3 finds out.

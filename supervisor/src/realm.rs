@@ -601,8 +601,7 @@ impl RealmPlan {
         // Completed like a realm served by notification: once every package is installed, the
         // next start mounts the lib dir and the image is no longer needed.
         let (rt, cache, reported, _) = self.open_cache(false, true, None)?;
-        let (realm, bucket) = (self.opts.realm.clone(), self.bucket.clone());
-        let report: ReportFn = Arc::new(move |e| report_once(&reported, &realm, &bucket, e));
+        let report = reporter(reported, self.opts.realm.clone(), self.bucket.clone());
         let from_lib = image.lib_entries.len();
         let server = crate::lazyfs::FillServer::start(
             image,
@@ -764,14 +763,12 @@ impl RealmPlan {
             report: std::sync::OnceLock::new(),
         });
         let (rt, cache, reported, index) = self.open_cache(true, true, Some(&streams))?;
-        let (realm, bucket, said) = (
+        let report = reporter(
+            reported.clone(),
             self.opts.realm.clone(),
             self.bucket.clone(),
-            reported.clone(),
         );
-        let _ = streams
-            .report
-            .set(Arc::new(move |e| report_once(&said, &realm, &bucket, e)));
+        let _ = streams.report.set(report);
         let entries: Vec<TopLevelEntry> = index
             .as_deref()
             .map(Index::top_level_entries)
@@ -1117,12 +1114,17 @@ struct Outcomes {
     cache_tag: Option<String>,
 }
 
-/// Packages whose download streams into the lib dir (see [`fetcher::Placement`]): from
-/// `placed` to the end of the install, their names are all there and a file may be served
-/// once the unpacker has announced it verified.
 /// Says a fetch error to the user (once per message: [`report_once`]).
 type ReportFn = Arc<dyn Fn(&FetchError) + Send + Sync>;
 
+/// [`report_once`] for `realm` and `bucket`, as a [`ReportFn`].
+fn reporter(reported: Arc<Mutex<HashSet<String>>>, realm: String, bucket: String) -> ReportFn {
+    Arc::new(move |e| report_once(&reported, &realm, &bucket, e))
+}
+
+/// Packages whose download streams into the lib dir (see [`fetcher::Placement`]): from
+/// `placed` to the end of the install, their names are all there and a file may be served
+/// once the unpacker has announced it verified.
 struct Streams {
     lib: PathBuf,
     by_pkg: Mutex<HashMap<String, Arc<Stream>>>,
