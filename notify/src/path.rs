@@ -79,6 +79,14 @@ pub struct ProcView {
     cwds: Vec<Cwd>,
     /// Directories targets passed as dirfds (see [`Dir`]), at most [`PROC_DIRS`].
     dir_names: Vec<Dir>,
+    /// Open files targets passed as dirfds naming a directory whose name cannot change (see
+    /// [`Held`]), at most [`PROC_DIRS`].
+    held: Vec<Held>,
+    /// Taking a target's descriptor was refused (no ptrace access): dirfds are always named
+    /// through /proc.
+    hold_refused: bool,
+    /// Our process id, once asked (kcmp's other process).
+    me: u32,
     /// The mount of the base directory the last [`ProcView::absolute_into`] used, when it was
     /// known without a system call more: (pid, dirfd, mount id), for [`ProcView::mount_id`].
     last_mnt: Option<(u32, i32, u64)>,
@@ -88,8 +96,22 @@ pub struct ProcView {
 /// of one mount, whichever fd number names it), and its name in the targets' view if that
 /// cannot change ([`ProcView::name_is_fixed`]; else read from /proc at every call).
 struct Dir {
-    id: (u64, u32, u32, u64),
+    id: DirId,
     fixed: Option<Vec<u8>>,
+}
+
+/// A directory's mount, device (major, minor) and inode.
+type DirId = (u64, u32, u32, u64);
+
+/// Our duplicate of an open file a target passed as dirfd `fd`, a directory (`id`) whose
+/// name cannot change. While that descriptor of the target is still this open file (kcmp, one
+/// system call: [`sys::same_file`]) it names that directory, whichever thread or process of
+/// the target passes it, without a look-up in /proc; a number closed and reused is another
+/// file and is named through /proc again.
+struct Held {
+    fd: i32,
+    id: DirId,
+    file: OwnedFd,
 }
 
 /// A target's cwd, read from /proc once no change of cwd was pending: it stays that cwd until
@@ -309,6 +331,15 @@ impl ProcView {
             return Err(Errno::EBADF);
         }
         self.last_mnt = None;
+        if dirfd != libc::AT_FDCWD {
+            if let Some(d) = self.held_dir(pid, dirfd) {
+                if let Some(base) = &d.fixed {
+                    join_normalized_into(base, path, out);
+                    self.last_mnt = Some((pid, dirfd, d.id.0));
+                    return Ok(());
+                }
+            }
+        }
         let mut remembered = false;
         if dirfd == libc::AT_FDCWD {
             if let StartCwd::Known(base) = &self.start_cwd {
@@ -381,12 +412,17 @@ impl ProcView {
         let named = named?;
         if let Some(id) = dir_id {
             self.last_mnt = Some((pid, dirfd, id.0));
+            let mut fixed_name = named;
             if !named && self.bufs.root_fixed && !self.dir_names.iter().any(|d| d.id == id) {
                 let fixed = match self.name_is_fixed(pid, name.as_bytes()) {
                     Ok(Some(_)) => Some(self.bufs.base.clone()),
                     _ => None,
                 };
+                fixed_name = fixed.is_some();
                 keep(&mut self.dir_names, id.3 as usize, Dir { id, fixed });
+            }
+            if fixed_name {
+                self.hold(pid, dirfd, id);
             }
         }
         if dirfd == libc::AT_FDCWD && self.cwd_seen && self.bufs.root_fixed {
@@ -405,6 +441,62 @@ impl ProcView {
         }
         join_normalized_into(&self.bufs.base, path, out);
         Ok(())
+    }
+
+    /// The named directory `pid`'s `dirfd` refers to, if that descriptor is an open file we
+    /// hold (see [`Held`]).
+    fn held_dir(&mut self, pid: u32, dirfd: i32) -> Option<&Dir> {
+        if self.held.is_empty() {
+            return None;
+        }
+        if self.me == 0 {
+            self.me = std::process::id();
+        }
+        let me = self.me;
+        let h = self.held.iter().find(|h| {
+            h.fd == dirfd && sys::same_file(pid, dirfd, me, h.file.as_fd()) == Ok(true)
+        })?;
+        self.dir_names.iter().find(|d| d.id == h.id)
+    }
+
+    /// Hold `pid`'s `dirfd`, just named as directory `id` whose name cannot change, so that
+    /// its next uses are recognised by one kcmp (see [`Held`]).
+    fn hold(&mut self, pid: u32, dirfd: i32, id: DirId) {
+        if self.hold_refused {
+            return;
+        }
+        let file = match sys::take_file(pid, dirfd) {
+            Ok(f) => f,
+            Err(Errno::EPERM | Errno::EACCES | Errno::ENOSYS) => {
+                self.hold_refused = true;
+                return;
+            }
+            Err(_) => return,
+        };
+        // The number may have been closed and reused since it was named: held only if it is
+        // still that directory.
+        let mask = libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID;
+        match sys::statx_at(file.as_fd(), c"", libc::AT_EMPTY_PATH, mask) {
+            Ok(st)
+                if st.stx_mask & mask == mask
+                    && (
+                        st.stx_mnt_id,
+                        st.stx_dev_major,
+                        st.stx_dev_minor,
+                        st.stx_ino,
+                    ) == id => {}
+            _ => return,
+        }
+        let held = Held {
+            fd: dirfd,
+            id,
+            file,
+        };
+        // Another open of the same directory under the same number replaces the last one.
+        match self.held.iter_mut().find(|h| h.fd == dirfd && h.id == id) {
+            Some(h) => *h = held,
+            None => keep(&mut self.held, dirfd as usize, held),
+        }
     }
 
     /// Whether the name of `pid`'s cwd (`bufs.base`, just read) can change only by a change of

@@ -1,9 +1,10 @@
-//! The two /proc look-ups [`crate::path`] makes per relative path, without allocating:
-//! readlinkat into a caller's buffer and statx relative to a directory fd.
+//! The system calls [`crate::path`] makes per relative path, without allocating:
+//! readlinkat into a caller's buffer, statx relative to a directory fd, and kcmp of a
+//! target's descriptor against an open file we hold.
 
 use nix::errno::Errno;
 use std::ffi::CStr;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// Longest link target read (the kernel's PATH_MAX); a longer one is ENAMETOOLONG.
 const LINK_MAX: usize = libc::PATH_MAX as usize;
@@ -62,4 +63,76 @@ pub(crate) fn statx_at(
     Errno::result(rc)?;
     // SAFETY: statx succeeded, so the kernel filled the struct (and it was zeroed before).
     Ok(unsafe { out.assume_init() })
+}
+
+/// `PIDFD_THREAD` (Linux 6.9): a pidfd for one thread, not only for a thread-group leader.
+const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
+
+/// Our own duplicate of thread `tid`'s descriptor `fd` (pidfd_open + pidfd_getfd): the same
+/// open file, held for [`same_file`]. Needs ptrace access to the thread, as a parent has.
+pub(crate) fn take_file(tid: u32, fd: i32) -> Result<OwnedFd, Errno> {
+    let open = |flags: libc::c_uint| {
+        // SAFETY: plain syscall with integer arguments.
+        let r = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::pid_t, flags) };
+        Errno::result(r).map(|fd| {
+            // SAFETY: on success pidfd_open returns a new fd that nobody else owns.
+            unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
+        })
+    };
+    // A kernel without PIDFD_THREAD refuses the flag; a leader's pidfd still works there.
+    let pidfd = open(PIDFD_THREAD).or_else(|_| open(0))?;
+    // SAFETY: plain syscall with integer arguments; `pidfd` is alive for the call.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    let got = Errno::result(r)? as RawFd;
+    // SAFETY: on success pidfd_getfd returns a new fd (O_CLOEXEC) that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(got) })
+}
+
+/// Whether thread `tid`'s descriptor `fd` is the very open file `ours` is (kcmp(2),
+/// KCMP_FILE, one call). While we hold `ours` its file cannot be freed and its address reused,
+/// so equal means the same open file, never a later one.
+pub(crate) fn same_file(tid: u32, fd: i32, me: u32, ours: BorrowedFd<'_>) -> Result<bool, Errno> {
+    const KCMP_FILE: libc::c_int = 0;
+    // SAFETY: plain syscall with integer arguments; `ours` is alive for the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            tid as libc::pid_t,
+            me as libc::pid_t,
+            KCMP_FILE,
+            fd as libc::c_ulong,
+            ours.as_raw_fd() as libc::c_ulong,
+        )
+    };
+    Ok(Errno::result(r)? == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd as _;
+
+    #[test]
+    fn a_held_file_matches_its_descriptor_until_the_number_is_reused() {
+        let me = std::process::id();
+        let mut a = OwnedFd::from(std::fs::File::open("/").unwrap());
+        let n = a.as_raw_fd();
+        let held = take_file(me, n).unwrap();
+        assert_ne!(held.as_raw_fd(), n);
+        assert_eq!(same_file(me, n, me, held.as_fd()), Ok(true));
+        // Another open of the same directory is another open file.
+        let again = std::fs::File::open("/").unwrap();
+        assert_eq!(
+            same_file(me, again.as_raw_fd(), me, held.as_fd()),
+            Ok(false)
+        );
+        // The number now names another directory.
+        let b = std::fs::File::open("/tmp").unwrap();
+        nix::unistd::dup2(b.as_fd(), &mut a).unwrap();
+        assert_eq!(a.as_raw_fd(), n);
+        assert_eq!(same_file(me, n, me, held.as_fd()), Ok(false));
+        drop(a);
+        // A number no longer open is an error, not a match.
+        assert!(same_file(me, n, me, held.as_fd()).is_err());
+    }
 }
