@@ -43,8 +43,9 @@ elif call == "stat-rel":
     os.chdir(os.path.dirname(exe))
     path = os.path.basename(exe).encode()
 elif call == "stat-dirfd":
-    # Relative to a directory fd: its name and mount are read from /proc at every call (a
-    # dirfd can be closed and its number reused without a notification).
+    # Relative to a directory fd: named once, then at every call its descriptor is compared
+    # with the open file the supervisor holds (one kcmp: a dirfd can be closed and its number
+    # reused without a notification).
     dirfd = os.open(os.path.dirname(exe), os.O_RDONLY | os.O_DIRECTORY)
     path = os.path.basename(exe).encode()
 elif call == "stat-rel-start":

@@ -167,6 +167,19 @@ impl<'a> TargetMem<'a> {
     /// [`TargetMem::read_path`] into `out` (replacing its contents, without the NUL). `out`
     /// keeps its capacity, so a caller that reuses it reads paths without allocating.
     pub fn read_path_into(&self, addr: u64, out: &mut Vec<u8>) -> Result<(), Errno> {
+        self.read_path_checked(addr, out, true)
+    }
+
+    /// [`TargetMem::read_path_into`] without the id check after each read, for a caller whose
+    /// only use of the path is its answer to this notification (which the kernel refuses once
+    /// the notification is gone: a path read from a process that took over the target's pid
+    /// never decides anything) and which checks the id itself before anything else it does
+    /// on the path's account (opening it, fetching, recording it).
+    pub fn read_path_for_answer(&self, addr: u64, out: &mut Vec<u8>) -> Result<(), Errno> {
+        self.read_path_checked(addr, out, false)
+    }
+
+    fn read_path_checked(&self, addr: u64, out: &mut Vec<u8>, check: bool) -> Result<(), Errno> {
         out.clear();
         out.reserve(FIRST_CHUNK);
         let mut cur = addr;
@@ -175,7 +188,9 @@ impl<'a> TargetMem<'a> {
             let len = out.len();
             let room = PATH_MAX - len;
             if room == 0 {
-                self.check_id()?;
+                if check {
+                    self.check_id()?;
+                }
                 return Err(Errno::ENAMETOOLONG);
             }
             let to_page_end = (PAGE - cur % PAGE) as usize;
@@ -185,7 +200,9 @@ impl<'a> TargetMem<'a> {
             let res = self.read_raw(cur, &mut out[len..]);
             // Whatever we got, it only means something if the target is still the one that
             // made this call.
-            self.check_id()?;
+            if check {
+                self.check_id()?;
+            }
             res?;
             if let Some(pos) = out[len..].iter().position(|&b| b == 0) {
                 out.truncate(len + pos);

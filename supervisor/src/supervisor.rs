@@ -88,16 +88,20 @@ impl Shared {
 }
 
 /// The single place an outcome becomes the kernel's answer. A target that went away meanwhile
-/// (`Gone`) is normal.
-pub fn answer(listener: &Listener, id: u64, result: Result<Reply, Errno>) {
+/// (`Gone`) is normal. Whether the answer reached the target (the notification was still live).
+pub fn answer(listener: &Listener, id: u64, result: Result<Reply, Errno>) -> bool {
     let resp = match result {
-        Ok(Reply::Answered) => return,
+        Ok(Reply::Answered) => return true,
         Ok(Reply::Respond(r)) => r,
         Err(e) => Response::Errno(e as i32),
     };
     match listener.respond(id, resp) {
-        Ok(()) | Err(notify::NotifyError::Gone { .. }) => {}
-        Err(e) => tracing::warn!("answering notification {id}: {e}"),
+        Ok(()) => true,
+        Err(notify::NotifyError::Gone { .. }) => false,
+        Err(e) => {
+            tracing::warn!("answering notification {id}: {e}");
+            false
+        }
     }
 }
 
@@ -148,8 +152,10 @@ fn handle(sh: &Arc<Shared>, st: &mut LoopState, n: &Notification) {
     // Timed up to the answer: with SYNC_WAKE_UP the answer itself may run the target on this
     // CPU before the ioctl returns, which is the target's time, not ours.
     let nanos = t0.map(|t0| t0.elapsed().as_nanos() as u64);
-    answer(&sh.listener, n.id, result);
-    if let Some(nanos) = nanos {
+    let delivered = answer(&sh.listener, n.id, result);
+    // A notification gone before its answer is not recorded: what was read for it may not
+    // have been its target's (see `TargetMem::read_path_for_answer`).
+    if let (Some(nanos), true) = (nanos, delivered) {
         let d = st.info.decision.unwrap_or(Decision::Continue);
         sh.stats.record(n.syscall, d, nanos);
         if let Some(tr) = &sh.trace {

@@ -619,9 +619,12 @@ pub fn path_call(
             // The call is on an fd the target already holds: nothing to decide.
             continue;
         }
-        mem.read_path_into(n.args[arg.path], raw).inspect_err(|e| {
-            *info_decision = Some(Decision::Error(*e as i32));
-        })?;
+        // Unchecked: a serve checks the id before it acts, the hint checks it, and a continue
+        // or refusal only answers this notification (see `read_path_for_answer`).
+        mem.read_path_for_answer(n.args[arg.path], raw)
+            .inspect_err(|e| {
+                *info_decision = Some(Decision::Error(*e as i32));
+            })?;
         if raw.is_empty() {
             match arg.empty_flag {
                 Some(f) if n.args[f] & libc::AT_EMPTY_PATH as u64 != 0 => {
