@@ -4,7 +4,8 @@
 //! - [`filter`]: a [`FilterSpec`] (data) is compiled in the parent into a BPF program
 //!   ([`CompiledFilter`]); the child installs it just before `execve` and gets the listener fd.
 //! - [`Listener`]: receive notifications, answer them, inject fds, check ids.
-//! - [`mem`]: read paths from / write bytes to the target's memory, re-checking the id.
+//! - [`mem`]: read paths from / write bytes to the target's memory, re-checking the id
+//!   (except for a path whose only use is the notification's answer).
 //! - [`path`]: resolve dirfd/cwd-relative paths as the target sees them.
 //! - [`probe`]: a forked target that makes notified calls on demand (benchmarks, tests).
 //!

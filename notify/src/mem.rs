@@ -1,9 +1,12 @@
-//! Reading and writing the target's memory, always re-checking the notification id.
+//! Reading and writing the target's memory, re-checking the notification id.
 //!
 //! Reads use `process_vm_readv`, falling back to `/proc/<pid>/mem` when the kernel lacks it
 //! (ENOSYS). The notification id is re-checked with `NOTIF_ID_VALID` after every read: if the
 //! target died (and its pid was perhaps reused) what we read may belong to someone else, so the
-//! result is discarded and ENOENT returned. Writes re-check the id before writing.
+//! result is discarded and ENOENT returned. The one exception,
+//! [`TargetMem::read_path_for_answer`], is for a path whose only use is the answer to the
+//! notification itself, which the kernel refuses once it is gone. Writes re-check the id
+//! before writing.
 #![forbid(unsafe_code)]
 
 use crate::listener::{Listener, Notification};
