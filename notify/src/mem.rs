@@ -225,7 +225,7 @@ impl<'a> TargetMem<'a> {
 
     /// Write `data` at `addr` after checking that the notification is still valid (ENOENT if
     /// not). EFAULT if the range is unmapped or not writable (process_vm_writev honours page
-    /// protections; the /proc/<pid>/mem fallback does not).
+    /// protections; the `/proc/<pid>/mem` fallback does not).
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), Errno> {
         self.check_id()?;
         self.write_raw(addr, data)
