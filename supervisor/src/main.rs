@@ -136,11 +136,70 @@ pub struct Cli {
     pub command: Vec<OsString>,
 }
 
-#[derive(Debug, clap::Subcommand)]
+#[derive(Debug)]
 pub enum Sub {
     /// Publish wheels, a requirements file or package directories to a library bucket
     /// (archives first, index last).
     Publish(fetcher::cli::PublishArgs),
+}
+
+const PUBLISH: &str = "publish";
+const PUBLISH_ABOUT: &str = "Publish wheels, a requirements file or package directories to a \
+                             library bucket (archives first, index last)";
+
+/// `Sub` by hand, for one thing the derive cannot say: `publish`'s own arguments are added
+/// only when it is parsed or its help is asked for (`Command::defer`), so a run of a program
+/// does not build them.
+impl clap::Subcommand for Sub {
+    fn augment_subcommands(cmd: clap::Command) -> clap::Command {
+        cmd.subcommand(
+            clap::Command::new(PUBLISH)
+                .about(PUBLISH_ABOUT)
+                // The arguments' own doc comment would otherwise become the subcommand's.
+                .defer(|cmd| {
+                    <fetcher::cli::PublishArgs as clap::Args>::augment_args(cmd)
+                        .about(PUBLISH_ABOUT)
+                        .long_about(None)
+                }),
+        )
+    }
+
+    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_subcommands(cmd)
+    }
+
+    fn has_subcommand(name: &str) -> bool {
+        name == PUBLISH
+    }
+}
+
+impl clap::FromArgMatches for Sub {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Self::from_arg_matches_mut(&mut matches.clone())
+    }
+
+    fn from_arg_matches_mut(matches: &mut clap::ArgMatches) -> Result<Self, clap::Error> {
+        match matches.remove_subcommand() {
+            Some((name, mut sub)) if name == PUBLISH => Ok(Sub::Publish(
+                <fetcher::cli::PublishArgs as clap::FromArgMatches>::from_arg_matches_mut(
+                    &mut sub,
+                )?,
+            )),
+            Some((name, _)) => Err(clap::Error::raw(
+                clap::error::ErrorKind::InvalidSubcommand,
+                format!("no subcommand `{name}`"),
+            )),
+            None => Err(clap::Error::raw(
+                clap::error::ErrorKind::MissingSubcommand,
+                "a subcommand is required",
+            )),
+        }
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -442,6 +501,19 @@ fn run(cli: Cli) -> Result<u8, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent_and_publish_keeps_its_help() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
+        let mut cmd = Cli::command();
+        let top = cmd.render_help().to_string();
+        assert!(top.contains("publish  Publish wheels"), "{top}");
+        let publish = cmd.find_subcommand_mut(PUBLISH).unwrap();
+        let help = publish.render_help().to_string();
+        assert!(help.starts_with(PUBLISH_ABOUT), "{help}");
+        assert!(help.contains("--bucket <BUCKET>"), "{help}");
+    }
 
     #[test]
     fn cli_takes_program_and_its_hyphen_args_verbatim() {
