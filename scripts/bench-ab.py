@@ -6,7 +6,9 @@ difference and ratio to the first's.
     python3 scripts/bench-ab.py -n 150 'bare=python3 -c pass' 'jailed=NEW python3 -c pass'
 
 Each argument is NAME=COMMAND (split like a shell would; leading VAR=value words set the
-environment). Two warm-up rounds are not counted. Every command must exit 0.
+environment). Two warm-up rounds are not counted. Every command must exit 0. Each round starts
+one command later than the one before (A B C, B C A, C A B, ...): a command's work that
+outlives it (a namespace's teardown, a write-back) falls on each of the others alike.
 """
 import argparse
 import os
@@ -33,8 +35,10 @@ def main() -> None:
             env[k] = v
         runs[name] = (words, env)
     times = {k: [] for k in runs}
+    names = list(runs)
     for i in range(args.n + 2):
-        for k, (words, env) in runs.items():
+        for k in names[i % len(names):] + names[: i % len(names)]:
+            words, env = runs[k]
             t0 = time.perf_counter()
             r = subprocess.run(words, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             dt = time.perf_counter() - t0

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Jail set-up cost, side by side in one run: every variant of one command is run in turn,
-round after round (so load on the machine hits them alike), and the medians are compared.
+round after round (so load on the machine hits them alike; each round starts one variant later,
+so what a run leaves behind falls on each of the others alike), and the medians are compared.
 
 Variants: bare; `unshare -Urmpf --mount-proc` (the namespace floor: user, mount, pid) and
 `unshare -Urmpfn` (with a network namespace too, as bwrap and the jail have);
@@ -91,8 +92,12 @@ def main() -> None:
         times = {k: [] for k in variants}
         for k, c in variants.items():  # warm-up
             timed(c)
-        for _ in range(args.n):
-            for k, c in variants.items():
+        names = list(variants)
+        for i in range(args.n):
+            # Each round starts one variant later than the one before: what a run leaves
+            # behind (its namespaces' teardown) falls on each of the others alike.
+            for k in names[i % len(names):] + names[: i % len(names)]:
+                c = variants[k]
                 times[k].append(timed(c))
         med = {k: statistics.median(v) * 1000 for k, v in times.items()}
         print(f"\n{' '.join(cmd)}  ({args.n} rounds, medians)")

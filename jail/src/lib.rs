@@ -64,6 +64,10 @@ pub struct Bind {
     /// With a root supervisor: show files owned by host root as the proc's own (an idmapped
     /// mount; see `idmap.rs`). For the user's own directories (working dir, script, --bind).
     pub idmap: bool,
+    /// Where `src` is a small world-readable file, the jail may show a copy made while it is
+    /// built instead of a bind ([`plan::COPY_MAX`]): a file written instead of a mount made
+    /// (and torn down with the jail). For the curated `/etc`'s files, never the user's binds.
+    pub copy: bool,
 }
 
 impl Bind {
@@ -75,6 +79,7 @@ impl Bind {
             rw: false,
             optional: false,
             idmap: false,
+            copy: false,
         }
     }
     pub fn rw(src: impl Into<PathBuf>) -> Bind {
@@ -93,6 +98,10 @@ impl Bind {
     }
     pub fn idmapped(mut self) -> Bind {
         self.idmap = true;
+        self
+    }
+    pub fn copyable(mut self) -> Bind {
+        self.copy = true;
         self
     }
 }

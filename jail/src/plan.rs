@@ -62,6 +62,12 @@ pub enum Step {
         data: Vec<u8>,
         mode: u32,
     },
+    /// A copy of host file `src` (at most [`COPY_MAX`] bytes, read-only like the root): see
+    /// [`crate::Bind::copy`].
+    Copy {
+        src: CString,
+        path: CString,
+    },
     /// Hide a directory (empty read-only tmpfs) or a file (empty read-only file) if present.
     Hide {
         path: CString,
@@ -94,6 +100,7 @@ impl Step {
             Step::Devpts { .. } => "mounting /dev/pts",
             Step::ReadOnly { .. } => "making a path read-only",
             Step::Write { .. } => "writing a generated file",
+            Step::Copy { .. } => "copying a file into the root",
             Step::Hide { .. } => "hiding a path",
             Step::Pivot => "pivot_root",
             Step::RootReadOnly => "making / read-only",
@@ -171,6 +178,26 @@ fn check_abs(p: &Path) -> Result<(), JailError> {
     Ok(())
 }
 
+/// The largest file a [`crate::Bind::copy`] bind is copied as (the curated `/etc`'s largest,
+/// `ld.so.cache`, is ~30 KB; anything larger is bound).
+pub const COPY_MAX: u64 = 256 << 10;
+
+/// What a bind's source is, for the plan.
+#[derive(Clone, Copy)]
+enum Kind {
+    Dir,
+    File,
+    /// A file shown as a copy ([`Step::Copy`]).
+    Copy,
+}
+
+/// Whether a file with metadata `m` may be shown as a copy: a regular file anyone may read
+/// (a copy grants nothing a bind would not), at most [`COPY_MAX`] bytes.
+fn copyable(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    m.is_file() && m.len() <= COPY_MAX && m.permissions().mode() & 0o444 == 0o444
+}
+
 /// `p` inside the build root.
 fn built(p: &Path) -> PathBuf {
     let rel = p.strip_prefix("/").unwrap_or(p);
@@ -219,14 +246,17 @@ impl JailSpec {
         };
         tree.dirs.insert(PathBuf::from("/"));
 
-        // Binds whose source exists (and whether it is a directory), the last one for each
-        // destination, parents first (a bind nested in another is attached after it).
-        let mut uniq: Vec<(&Bind, bool)> = Vec::new();
+        // Binds whose source exists (and whether it is a directory, or a file to copy), the
+        // last one for each destination, parents first (a bind nested in another is attached
+        // after it).
+        let mut uniq: Vec<(&Bind, Kind)> = Vec::new();
         let mut at_dst = std::collections::HashMap::new();
         for b in &self.binds {
             check_abs(&b.dst)?;
-            let is_dir = match std::fs::metadata(&b.src) {
-                Ok(m) => m.is_dir(),
+            let kind = match std::fs::metadata(&b.src) {
+                Ok(m) if m.is_dir() => Kind::Dir,
+                Ok(m) if b.copy && copyable(&m) => Kind::Copy,
+                Ok(_) => Kind::File,
                 Err(_) if b.optional => continue,
                 Err(e) => {
                     return Err(JailError::Source {
@@ -236,14 +266,26 @@ impl JailSpec {
                 }
             };
             match at_dst.entry(&b.dst) {
-                std::collections::hash_map::Entry::Occupied(e) => uniq[*e.get()] = (b, is_dir),
+                std::collections::hash_map::Entry::Occupied(e) => uniq[*e.get()] = (b, kind),
                 std::collections::hash_map::Entry::Vacant(e) => {
                     e.insert(uniq.len());
-                    uniq.push((b, is_dir));
+                    uniq.push((b, kind));
                 }
             }
         }
         uniq.sort_by_key(|(b, _)| b.dst.components().count());
+        // A copy is written where its bind would be attached: never into another bind (which
+        // shows a host directory).
+        let dirs: Vec<PathBuf> = uniq
+            .iter()
+            .filter(|(_, k)| matches!(k, Kind::Dir))
+            .map(|(b, _)| b.dst.clone())
+            .collect();
+        for (b, kind) in &mut uniq {
+            if matches!(kind, Kind::Copy) && dirs.iter().any(|d| b.dst.starts_with(d)) {
+                *kind = Kind::File;
+            }
+        }
 
         let mut sources = Vec::new();
         let mut source_dsts = Vec::new();
@@ -281,18 +323,26 @@ impl JailSpec {
         }
         dev_steps(&mut steps, &mut sources, &mut source_dsts)?;
 
-        for (b, is_dir) in uniq {
+        for (b, kind) in uniq {
             tree.parents(&b.dst, &mut steps)?;
             let path = cstr(&built(&b.dst))?;
-            if is_dir {
-                if tree.dirs.insert(b.dst.clone()) {
-                    steps.push(Step::Dir {
-                        path: path.clone(),
-                        mode: 0o755,
-                    });
+            match kind {
+                Kind::Dir => {
+                    if tree.dirs.insert(b.dst.clone()) {
+                        steps.push(Step::Dir {
+                            path: path.clone(),
+                            mode: 0o755,
+                        });
+                    }
                 }
-            } else {
-                steps.push(Step::File { path: path.clone() });
+                Kind::File => steps.push(Step::File { path: path.clone() }),
+                Kind::Copy => {
+                    steps.push(Step::Copy {
+                        src: cstr(&b.src)?,
+                        path,
+                    });
+                    continue;
+                }
             }
             steps.push(Step::Attach {
                 index: sources.len(),
@@ -471,6 +521,7 @@ impl Plan {
             | Step::Devpts { path }
             | Step::ReadOnly { path }
             | Step::Write { path, .. }
+            | Step::Copy { path, .. }
             | Step::Hide { path, .. } => Some(
                 path.to_string_lossy()
                     .strip_prefix(BUILD_ROOT)
@@ -487,6 +538,56 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_readable_files_marked_copyable_are_copied_and_the_rest_bound() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = tempfile::tempdir().unwrap();
+        let small = d.path().join("small");
+        std::fs::write(&small, "x").unwrap();
+        let big = d.path().join("big");
+        std::fs::write(&big, vec![0u8; COPY_MAX as usize + 1]).unwrap();
+        let private = d.path().join("private");
+        std::fs::write(&private, "x").unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut spec = JailSpec::new(1000, 1000);
+        spec.binds
+            .push(Bind::ro(&small).at("/etc/small").copyable());
+        spec.binds.push(Bind::ro(&small).at("/etc/plain"));
+        spec.binds.push(Bind::ro(&big).at("/etc/big").copyable());
+        spec.binds
+            .push(Bind::ro(&private).at("/etc/private").copyable());
+        // Into a directory another bind shows: bound, never written into that directory.
+        spec.binds.push(Bind::ro(d.path()).at("/shown"));
+        spec.binds
+            .push(Bind::ro(&small).at("/shown/inner").copyable());
+        let plan = spec.prepare().unwrap();
+        let built = |p: &str| CString::new(format!("{BUILD_ROOT}{p}")).unwrap();
+        let copied: Vec<_> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Copy { src, path } => Some((src.clone(), path.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            copied,
+            [(
+                CString::new(small.to_str().unwrap()).unwrap(),
+                built("/etc/small")
+            )]
+        );
+        for p in ["/etc/plain", "/etc/big", "/etc/private", "/shown/inner"] {
+            assert!(
+                plan.steps
+                    .iter()
+                    .any(|s| matches!(s, Step::Attach { path, .. } if *path == built(p))),
+                "{p} is bound"
+            );
+        }
+        assert!(!plan.source_dsts.contains(&PathBuf::from("/etc/small")));
+    }
 
     #[test]
     fn parents_come_before_children_and_hides_last() {

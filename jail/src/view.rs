@@ -3,7 +3,8 @@
 //!
 //! - read-only: `/usr`, `/bin`, `/sbin`, `/lib*` (symlinks kept as symlinks), `/sys`, a curated
 //!   `/etc` (an allow-list: no shadow, gshadow, sudoers, ssh keys, ...; `passwd`/`group`
-//!   generated with the proc's own user), the program's prefix when it lives outside `/usr`
+//!   generated with the proc's own user; its small files copied, its directories bound), the
+//!   program's prefix when it lives outside `/usr`
 //!   (a venv and the interpreter it points to, pyenv), the directory of each argument that names
 //!   an existing file (the script);
 //! - the working directory read-write (or read-only, or not at all: [`CwdMode`]);
@@ -197,9 +198,11 @@ impl ViewOptions {
     }
 
     fn etc(&self, s: &mut JailSpec) {
-        // Optional: entries this host lacks are skipped when the plan is made.
+        // Optional: entries this host lacks are skipped when the plan is made. Its small files
+        // are copied into the root rather than bound (see `Bind::copy`).
         for e in ETC_ALLOW {
-            s.binds.push(Bind::ro(Path::new("/etc").join(e)).optional());
+            s.binds
+                .push(Bind::ro(Path::new("/etc").join(e)).optional().copyable());
         }
         let name = if self.uid == 0 { "root" } else { "sigma" };
         let home = if self.uid == 0 { "/root" } else { "/tmp" };

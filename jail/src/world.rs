@@ -242,6 +242,7 @@ pub fn build(plan: &Plan, trees: Vec<Option<OwnedFd>>) -> Result<(), StageError>
                 Ok(()) | Err(Errno::ENOENT) => {}
                 Err(e) => return Err(err(e)),
             },
+            Step::Copy { src, path } => copy_in(src, path).map_err(&err)?,
             Step::Write { path, data, mode } => {
                 let fd = open(
                     path.as_c_str(),
@@ -346,6 +347,42 @@ const OLD_ROOT_IN_BUILD: &CStr = c".sigma-old-root";
 
 /// The empty file bound over hidden files, made in the build root and unlinked before pivot.
 const EMPTY: &CStr = c"/tmp/.sigma-empty";
+
+/// Copy host file `src` to `path` in the build root (see [`Step::Copy`]): a regular file (a
+/// source swapped for a FIFO or device since the plan is refused, never waited on), at most
+/// [`crate::plan::COPY_MAX`] bytes, mode 0644. No allocation: safe in a forked child.
+fn copy_in(src: &CStr, path: &CStr) -> nix::Result<()> {
+    let from = open(
+        src,
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = nix::sys::stat::fstat(&from)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(Errno::EINVAL);
+    }
+    let to = open(
+        path,
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )?;
+    let max = crate::plan::COPY_MAX as usize;
+    let mut done = 0usize;
+    loop {
+        // One byte past the limit: a file grown since the plan is an error, not cut short.
+        match nix::sys::sendfile::sendfile(&to, &from, None, max + 1 - done) {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                done += n;
+                if done > max {
+                    return Err(Errno::EFBIG);
+                }
+            }
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
 
 fn hide_file(path: &CStr) -> nix::Result<()> {
     match open(

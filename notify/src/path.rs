@@ -82,8 +82,8 @@ pub struct ProcView {
     /// Open files targets passed as dirfds naming a directory whose name cannot change (see
     /// [`Held`]), at most [`PROC_DIRS`].
     held: Vec<Held>,
-    /// Taking a target's descriptor was refused (no ptrace access): dirfds are always named
-    /// through /proc.
+    /// Taking or comparing a target's descriptor was refused (no ptrace access, no kcmp in
+    /// this kernel): dirfds are always named through /proc.
     hold_refused: bool,
     /// Our process id, once asked (kcmp's other process).
     me: u32,
@@ -453,10 +453,25 @@ impl ProcView {
             self.me = std::process::id();
         }
         let me = self.me;
-        let h = self.held.iter().find(|h| {
-            h.fd == dirfd && sys::same_file(pid, dirfd, me, h.file.as_fd()) == Ok(true)
-        })?;
-        self.dir_names.iter().find(|d| d.id == h.id)
+        let mut refused = false;
+        let found = self.held.iter().position(|h| {
+            h.fd == dirfd
+                && match sys::same_file(pid, dirfd, me, h.file.as_fd()) {
+                    Ok(same) => same,
+                    Err(e) => {
+                        // No kcmp here (or no ptrace access to this target): stop holding.
+                        refused |= matches!(e, Errno::ENOSYS | Errno::EPERM | Errno::EACCES);
+                        false
+                    }
+                }
+        });
+        if refused {
+            self.hold_refused = true;
+            self.held.clear();
+            return None;
+        }
+        let id = self.held[found?].id;
+        self.dir_names.iter().find(|d| d.id == id)
     }
 
     /// Hold `pid`'s `dirfd`, just named as directory `id` whose name cannot change, so that

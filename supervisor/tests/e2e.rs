@@ -44,6 +44,31 @@ fn hello() {
 }
 
 #[test]
+fn the_curated_etc_shows_small_files_as_copies_and_directories_as_binds() {
+    // Its small files are copied into the jail's read-only root (no mount each), with the
+    // host's bytes; its directories are bound.
+    let o = py(r#"
+import os
+root = os.stat("/").st_dev
+print(open("/etc/hosts", "rb").read().hex())
+print(os.stat("/etc/hosts").st_dev == root, os.stat("/etc/ssl/certs").st_dev == root)
+try:
+    open("/etc/hosts", "a").write("x")
+    print("written")
+except OSError as e:
+    print("refused", e.errno)
+"#);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let host = std::fs::read("/etc/hosts").unwrap();
+    let hex: String = host.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        stdout(&o),
+        format!("{hex}\nTrue False\nrefused {}\n", libc::EROFS)
+    );
+    assert_eq!(std::fs::read("/etc/hosts").unwrap(), host);
+}
+
+#[test]
 fn stdlib_imports() {
     let o = py(r#"
 import json, decimal, sqlite3, asyncio, collections, re, pathlib, hashlib, datetime, email, http.client
