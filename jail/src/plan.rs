@@ -178,8 +178,8 @@ fn check_abs(p: &Path) -> Result<(), JailError> {
     Ok(())
 }
 
-/// The largest file a [`crate::Bind::copy`] bind is copied as (the curated `/etc`'s largest,
-/// `ld.so.cache`, is ~30 KB; anything larger is bound).
+/// The largest file a [`crate::Bind::copy`] bind is copied as (the curated `/etc`'s largest
+/// on Debian, `mime.types`, is ~72 KB; anything larger is bound).
 pub const COPY_MAX: u64 = 256 << 10;
 
 /// What a bind's source is, for the plan.
