@@ -62,10 +62,10 @@ pub enum Step {
         data: Vec<u8>,
         mode: u32,
     },
-    /// A copy of host file `src` (at most [`COPY_MAX`] bytes, read-only like the root): see
-    /// [`crate::Bind::copy`].
+    /// A copy of source `index` (a host file opened at [`Step::CloneSources`], at most
+    /// [`COPY_MAX`] bytes, read-only like the root) at `path`: see [`crate::Bind::copy`].
     Copy {
-        src: CString,
+        index: usize,
         path: CString,
     },
     /// Hide a directory (empty read-only tmpfs) or a file (empty read-only file) if present.
@@ -145,6 +145,8 @@ pub struct Plan {
     pub source_dsts: Vec<PathBuf>,
     /// Whether each source wants an idmapped mount.
     pub idmap: Vec<bool>,
+    /// Whether each source is a file to copy ([`Step::Copy`]), opened rather than cloned.
+    pub copies: Vec<bool>,
     /// The supervisor makes the idmapped trees (a root supervisor with idmapped binds) once
     /// init exists and sends them to it ([`Plan::prepare_idmapped`],
     /// [`crate::send_idmapped`], [`crate::world::receive_idmapped`]).
@@ -290,6 +292,7 @@ impl JailSpec {
         let mut sources = Vec::new();
         let mut source_dsts = Vec::new();
         let mut idmap = Vec::new();
+        let mut copies = Vec::new();
         let mut symlinks: Vec<_> = self.symlinks.iter().collect();
         symlinks.sort_by_key(|(d, _)| d.components().count());
         for (dst, target) in symlinks {
@@ -338,9 +341,13 @@ impl JailSpec {
                 Kind::File => steps.push(Step::File { path: path.clone() }),
                 Kind::Copy => {
                     steps.push(Step::Copy {
-                        src: cstr(&b.src)?,
+                        index: sources.len(),
                         path,
                     });
+                    copies.resize(sources.len(), false);
+                    copies.push(true);
+                    sources.push((cstr(&b.src)?, false));
+                    source_dsts.push(b.dst.clone());
                     continue;
                 }
             }
@@ -354,6 +361,7 @@ impl JailSpec {
             idmap.push(b.idmap);
         }
         idmap.resize(sources.len(), false);
+        copies.resize(sources.len(), false);
         for d in &self.dirs {
             check_abs(d)?;
             tree.parents(d, &mut steps)?;
@@ -426,6 +434,7 @@ impl JailSpec {
             sources,
             source_dsts,
             idmap,
+            copies,
             workdir,
             guard: None,
         })
@@ -567,7 +576,10 @@ mod tests {
             .steps
             .iter()
             .filter_map(|s| match s {
-                Step::Copy { src, path } => Some((src.clone(), path.clone())),
+                Step::Copy { index, path } => {
+                    assert!(plan.copies[*index]);
+                    Some((plan.sources[*index].0.clone(), path.clone()))
+                }
                 _ => None,
             })
             .collect();
@@ -586,7 +598,8 @@ mod tests {
                 "{p} is bound"
             );
         }
-        assert!(!plan.source_dsts.contains(&PathBuf::from("/etc/small")));
+        assert_eq!(plan.copies.iter().filter(|&&c| c).count(), 1);
+        assert_eq!(plan.copies.len(), plan.sources.len());
     }
 
     #[test]

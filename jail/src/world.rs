@@ -96,6 +96,10 @@ pub fn clone_sources(plan: &Plan) -> Result<Vec<Option<OwnedFd>>, StageError> {
                         trees.push(None);
                         continue;
                     }
+                    if plan.copies.get(j).copied().unwrap_or(false) {
+                        trees.push(Some(open_copied(src).map_err(at(i, j))?));
+                        continue;
+                    }
                     trees.push(Some(clone_source(src, *rw).map_err(at(i, j))?));
                 }
             }
@@ -242,7 +246,13 @@ pub fn build(plan: &Plan, trees: Vec<Option<OwnedFd>>) -> Result<(), StageError>
                 Ok(()) | Err(Errno::ENOENT) => {}
                 Err(e) => return Err(err(e)),
             },
-            Step::Copy { src, path } => copy_in(src, path).map_err(&err)?,
+            Step::Copy { index, path } => {
+                let from = trees
+                    .get(*index)
+                    .and_then(Option::as_ref)
+                    .ok_or(err(Errno::EINVAL))?;
+                copy_in(from.as_fd(), path).map_err(&err)?
+            }
             Step::Write { path, data, mode } => {
                 let fd = open(
                     path.as_c_str(),
@@ -348,10 +358,10 @@ const OLD_ROOT_IN_BUILD: &CStr = c".sigma-old-root";
 /// The empty file bound over hidden files, made in the build root and unlinked before pivot.
 const EMPTY: &CStr = c"/tmp/.sigma-empty";
 
-/// Copy host file `src` to `path` in the build root (see [`Step::Copy`]): a regular file (a
-/// source swapped for a FIFO or device since the plan is refused, never waited on), at most
-/// [`crate::plan::COPY_MAX`] bytes, mode 0644. No allocation: safe in a forked child.
-fn copy_in(src: &CStr, path: &CStr) -> nix::Result<()> {
+/// A source to copy ([`Step::Copy`]), opened with the host user's identity as the sources
+/// to bind are cloned: a regular file (a source swapped for a FIFO or device since the plan is
+/// refused, never waited on).
+fn open_copied(src: &CStr) -> nix::Result<OwnedFd> {
     let from = open(
         src,
         OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
@@ -361,6 +371,12 @@ fn copy_in(src: &CStr, path: &CStr) -> nix::Result<()> {
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(Errno::EINVAL);
     }
+    Ok(from)
+}
+
+/// Copy `from` (see [`open_copied`]) to `path` in the build root: at most
+/// [`crate::plan::COPY_MAX`] bytes, mode 0644. No allocation: safe in a forked child.
+fn copy_in(from: std::os::fd::BorrowedFd<'_>, path: &CStr) -> nix::Result<()> {
     let to = open(
         path,
         OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
@@ -370,7 +386,7 @@ fn copy_in(src: &CStr, path: &CStr) -> nix::Result<()> {
     let mut done = 0usize;
     loop {
         // One byte past the limit: a file grown since the plan is an error, not cut short.
-        match nix::sys::sendfile::sendfile(&to, &from, None, max + 1 - done) {
+        match nix::sys::sendfile::sendfile(&to, from, None, max + 1 - done) {
             Ok(0) => return Ok(()),
             Ok(n) => {
                 done += n;
