@@ -540,7 +540,13 @@ impl Plan {
             _ => None,
         };
         let path = path.map(|p| format!(" {p}")).unwrap_or_default();
-        format!("jail: {}{path} failed: {errno}", step.what())
+        let what = match step {
+            Step::CloneSources if self.copies.get(e.detail as usize) == Some(&true) => {
+                "opening a file to copy"
+            }
+            _ => step.what(),
+        };
+        format!("jail: {what}{path} failed: {errno}")
     }
 }
 
@@ -600,6 +606,22 @@ mod tests {
         }
         assert_eq!(plan.copies.iter().filter(|&&c| c).count(), 1);
         assert_eq!(plan.copies.len(), plan.sources.len());
+        // A copy that cannot be opened says so, with its host path.
+        let clone_step = plan
+            .steps
+            .iter()
+            .position(|s| matches!(s, Step::CloneSources))
+            .unwrap();
+        let index = plan.copies.iter().position(|&c| c).unwrap();
+        let msg = plan.describe(StageError {
+            step: clone_step as u32,
+            detail: index as u32,
+            errno: libc::EACCES,
+        });
+        assert!(
+            msg.starts_with(&format!("jail: opening a file to copy {}", small.display())),
+            "{msg}"
+        );
     }
 
     #[test]
