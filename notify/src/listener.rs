@@ -10,7 +10,7 @@
 //! The supervisor must therefore keep reaping its children (waitpid) to ever see the hang-up.
 use crate::NotifyError;
 use nix::errno::Errno;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 /// `SECCOMP_IOCTL_NOTIF_RECV` = `_IOWR('!', 0, struct seccomp_notif)`.
 pub const SECCOMP_IOCTL_NOTIF_RECV: libc::c_ulong = 0xc0502100;
@@ -101,23 +101,9 @@ impl Listener {
             fd: remote_fd,
             source,
         };
-        // SAFETY: pidfd_open takes a pid and flags (integers) and returns a new fd or -1.
-        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if pidfd < 0 {
-            return Err(err(Errno::last()));
-        }
-        // SAFETY: pidfd_open succeeded, so `pidfd` is a fresh fd owned by nobody else.
-        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
-        // SAFETY: pidfd_getfd takes a pidfd we own (alive for the call), an fd number and
-        // flags; it returns a new fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), remote_fd, 0) };
-        if fd < 0 {
-            return Err(err(Errno::last()));
-        }
-        // SAFETY: pidfd_getfd succeeded, so `fd` is a fresh fd owned by nobody else.
-        Ok(Listener::from_fd(unsafe {
-            OwnedFd::from_raw_fd(fd as RawFd)
-        }))
+        let pidfd = crate::sys::pidfd_open(pid, 0).map_err(err)?;
+        let fd = crate::sys::pidfd_getfd(pidfd.as_fd(), remote_fd).map_err(err)?;
+        Ok(Listener::from_fd(fd))
     }
 
     pub fn as_fd(&self) -> BorrowedFd<'_> {

@@ -1,10 +1,11 @@
 //! The system calls [`crate::path`] makes per relative path, without allocating:
 //! readlinkat into a caller's buffer, statx relative to a directory fd, and kcmp of a
-//! target's descriptor against an open file we hold.
+//! target's descriptor against an open file we hold; and pidfd_open/pidfd_getfd, with which
+//! it takes such a file and [`crate::listener`] takes a target's listener.
 
 use nix::errno::Errno;
 use std::ffi::CStr;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// Longest link target read (the kernel's PATH_MAX); a longer one is ENAMETOOLONG.
 const LINK_MAX: usize = libc::PATH_MAX as usize;
@@ -68,24 +69,32 @@ pub(crate) fn statx_at(
 /// `PIDFD_THREAD` (Linux 6.9): a pidfd for one thread, not only for a thread-group leader.
 const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
 
-/// Our own duplicate of thread `tid`'s descriptor `fd` (pidfd_open + pidfd_getfd): the same
-/// open file, held for [`same_file`]. Needs ptrace access to the thread, as a parent has.
-pub(crate) fn take_file(tid: u32, fd: i32) -> Result<OwnedFd, Errno> {
-    let open = |flags: libc::c_uint| {
-        // SAFETY: plain syscall with integer arguments.
-        let r = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::pid_t, flags) };
-        Errno::result(r).map(|fd| {
-            // SAFETY: on success pidfd_open returns a new fd that nobody else owns.
-            unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
-        })
-    };
-    // A kernel without PIDFD_THREAD refuses the flag; a leader's pidfd still works there.
-    let pidfd = open(PIDFD_THREAD).or_else(|_| open(0))?;
+/// pidfd_open(2).
+pub(crate) fn pidfd_open(pid: libc::pid_t, flags: libc::c_uint) -> Result<OwnedFd, Errno> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, flags) };
+    let fd = Errno::result(r)? as RawFd;
+    // SAFETY: on success pidfd_open returns a new fd that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// pidfd_getfd(2): our own duplicate (close-on-exec) of descriptor `fd` of the process or
+/// thread behind `pidfd`. Needs ptrace-attach rights over it, as a parent has.
+pub(crate) fn pidfd_getfd(pidfd: BorrowedFd<'_>, fd: RawFd) -> Result<OwnedFd, Errno> {
     // SAFETY: plain syscall with integer arguments; `pidfd` is alive for the call.
     let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     let got = Errno::result(r)? as RawFd;
-    // SAFETY: on success pidfd_getfd returns a new fd (O_CLOEXEC) that nobody else owns.
+    // SAFETY: on success pidfd_getfd returns a new fd that nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(got) })
+}
+
+/// Our own duplicate of thread `tid`'s descriptor `fd`: the same open file, held for
+/// [`same_file`].
+pub(crate) fn take_file(tid: u32, fd: i32) -> Result<OwnedFd, Errno> {
+    let tid = tid as libc::pid_t;
+    // A kernel without PIDFD_THREAD refuses the flag; a leader's pidfd still works there.
+    let pidfd = pidfd_open(tid, PIDFD_THREAD).or_else(|_| pidfd_open(tid, 0))?;
+    pidfd_getfd(pidfd.as_fd(), fd)
 }
 
 /// Whether thread `tid`'s descriptor `fd` is the very open file `ours` is (kcmp(2),
@@ -110,7 +119,6 @@ pub(crate) fn same_file(tid: u32, fd: i32, me: u32, ours: BorrowedFd<'_>) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd as _;
 
     #[test]
     fn a_held_file_matches_its_descriptor_until_the_number_is_reused() {
