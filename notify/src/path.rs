@@ -103,6 +103,19 @@ struct Dir {
 /// A directory's mount, device (major, minor) and inode.
 type DirId = (u64, u32, u32, u64);
 
+/// What a statx asks for a [`DirId`] (and the file's type).
+const DIR_ID_MASK: u32 = libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID;
+
+/// The [`DirId`] of a statx asked for [`DIR_ID_MASK`], if the kernel answered all of it.
+fn id_of(st: &libc::statx) -> Option<DirId> {
+    (st.stx_mask & DIR_ID_MASK == DIR_ID_MASK).then_some((
+        st.stx_mnt_id,
+        st.stx_dev_major,
+        st.stx_dev_minor,
+        st.stx_ino,
+    ))
+}
+
 /// Our duplicate of an open file a target passed as dirfd `fd`, a directory (`id`) whose
 /// name cannot change. While that descriptor of the target is still this open file (kcmp, one
 /// system call: [`sys::same_file`]) it names that directory, whichever thread or process of
@@ -370,18 +383,11 @@ impl ProcView {
                 // statx follows the magic link to the open file itself (a pipe's or socket's
                 // inode is no directory either); its mount is asked in the same call, for
                 // `mount_id`, and with its inode it says which directory this is.
-                let mask = libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID;
-                let st = sys::statx_at(proc, name.as_cstr(), 0, mask).map_err(fd_err)?;
+                let st = sys::statx_at(proc, name.as_cstr(), 0, DIR_ID_MASK).map_err(fd_err)?;
                 if u32::from(st.stx_mode) & libc::S_IFMT != libc::S_IFDIR {
                     return Err(Errno::ENOTDIR);
                 }
-                if st.stx_mask & mask == mask {
-                    let id = (
-                        st.stx_mnt_id,
-                        st.stx_dev_major,
-                        st.stx_dev_minor,
-                        st.stx_ino,
-                    );
+                if let Some(id) = id_of(&st) {
                     dir_id = Some(id);
                     if let Some(Dir {
                         fixed: Some(base), ..
@@ -490,17 +496,9 @@ impl ProcView {
         };
         // The number may have been closed and reused since it was named: held only if it is
         // still that directory.
-        let mask = libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID;
-        match sys::statx_at(file.as_fd(), c"", libc::AT_EMPTY_PATH, mask) {
-            Ok(st)
-                if st.stx_mask & mask == mask
-                    && (
-                        st.stx_mnt_id,
-                        st.stx_dev_major,
-                        st.stx_dev_minor,
-                        st.stx_ino,
-                    ) == id => {}
-            _ => return,
+        let st = sys::statx_at(file.as_fd(), c"", libc::AT_EMPTY_PATH, DIR_ID_MASK);
+        if st.ok().as_ref().and_then(id_of) != Some(id) {
+            return;
         }
         let held = Held {
             fd: dirfd,
