@@ -329,6 +329,8 @@ impl JailSpec {
         for (b, kind) in uniq {
             tree.parents(&b.dst, &mut steps)?;
             let path = cstr(&built(&b.dst))?;
+            let index = sources.len();
+            let copy = matches!(kind, Kind::Copy);
             match kind {
                 Kind::Dir => {
                     if tree.dirs.insert(b.dst.clone()) {
@@ -339,26 +341,21 @@ impl JailSpec {
                     }
                 }
                 Kind::File => steps.push(Step::File { path: path.clone() }),
-                Kind::Copy => {
-                    steps.push(Step::Copy {
-                        index: sources.len(),
-                        path,
-                    });
-                    copies.resize(sources.len(), false);
-                    copies.push(true);
-                    sources.push((cstr(&b.src)?, false));
-                    source_dsts.push(b.dst.clone());
-                    continue;
-                }
+                Kind::Copy => {}
             }
-            steps.push(Step::Attach {
-                index: sources.len(),
-                path,
+            // A copy is written from its source (opened, not cloned: never read-write or
+            // idmapped); a bind's source is attached.
+            steps.push(if copy {
+                Step::Copy { index, path }
+            } else {
+                Step::Attach { index, path }
             });
-            sources.push((cstr(&b.src)?, b.rw));
+            sources.push((cstr(&b.src)?, b.rw && !copy));
             source_dsts.push(b.dst.clone());
-            idmap.resize(sources.len() - 1, false);
-            idmap.push(b.idmap);
+            idmap.resize(index, false);
+            idmap.push(b.idmap && !copy);
+            copies.resize(index, false);
+            copies.push(copy);
         }
         idmap.resize(sources.len(), false);
         copies.resize(sources.len(), false);
