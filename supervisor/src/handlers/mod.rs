@@ -1,8 +1,8 @@
 //! Syscall handlers. Each family module *declares* its syscalls' path arguments ([`Spec`]) and
 //! implements what the supervisor does when a path is served ([`ServeFn`], one uniform
 //! signature returning `Result<Reply, Errno>`). [`path_call`] is the one routine that reads the
-//! paths from the target, resolves them, asks the policy and re-checks the notification id before a serve;
-//! handlers never read target memory for paths themselves.
+//! paths from the target, resolves them, asks the policy and re-checks the notification id
+//! before a serve; handlers never read target memory for paths themselves.
 #![forbid(unsafe_code)]
 
 pub mod access;
