@@ -16,10 +16,50 @@ use std::path::{Path, PathBuf};
 /// How the working directory appears in the jail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CwdMode {
+    /// Read-write, unless [`cwd_withheld`] says it is not a place to show (a home, a shared
+    /// temporary directory, a system directory): then as [`CwdMode::None`], the proc starting
+    /// at the same path in an empty read-only directory that holds only the files the command
+    /// line names there.
     #[default]
+    Auto,
     Rw,
     Ro,
     None,
+}
+
+/// Why the working directory `cwd` is not shown by default, or `None` when it is: a directory
+/// that holds more than the user's project (`~` with its keys and dotfiles, `/tmp` with every
+/// user's files) or the system itself (`/etc`, `/usr`, `/var`, ...). Started by root, a shown
+/// working directory is idmapped: root's files in it would be the proc's own to rewrite.
+pub fn cwd_withheld(cwd: &Path) -> Option<&'static str> {
+    if shared_tmp(cwd) {
+        Some("a temporary directory every user shares")
+    } else if too_broad(cwd) {
+        Some("a home directory or a directory of homes")
+    } else if is_system_path(cwd)
+        || (SYSTEM_TREES.iter().any(|d| cwd.starts_with(d)) && !under_shared_tmp(cwd))
+    {
+        Some("a system directory")
+    } else {
+        None
+    }
+}
+
+/// Host trees of the system's own state and configuration: a file named on the command line
+/// there shows nothing more, and a working directory there is not shown (except in a shared
+/// temporary directory among them, `/var/tmp/...`).
+const SYSTEM_TREES: &[&str] = &["/etc", "/boot", "/dev", "/proc", "/run", "/sys", "/var"];
+
+/// A directory every user may create files in (sticky and world-writable: `/tmp`,
+/// `/var/tmp`, `/dev/shm`).
+fn shared_tmp(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o1002 == 0o1002)
+}
+
+/// Inside (not at) a shared temporary directory: a user's own directory there.
+fn under_shared_tmp(p: &Path) -> bool {
+    p.ancestors().skip(1).any(shared_tmp)
 }
 
 /// What the CLI knows about the run.
@@ -87,17 +127,29 @@ pub fn is_system_path(p: &Path) -> bool {
     p.starts_with("/etc") || SYSTEM_DIRS.iter().any(|d| p.starts_with(d))
 }
 
-fn home() -> Option<PathBuf> {
-    std::env::var_os("HOME").map(PathBuf::from)
+/// Whether `p` is the user's home: `$HOME`, or the home the password database gives the real
+/// user (where `$HOME` was pointed elsewhere).
+fn is_home(p: &Path) -> bool {
+    static PASSWD_HOME: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    std::env::var_os("HOME").is_some_and(|h| Path::new(&h) == p)
+        || PASSWD_HOME
+            .get_or_init(|| {
+                let user = nix::unistd::User::from_uid(nix::unistd::getuid());
+                user.ok().flatten().map(|u| u.dir)
+            })
+            .as_deref()
+            == Some(p)
 }
 
-/// A directory too broad to show whole: `/`, a home directory, `/home`, `/root`.
+/// A directory too broad to show whole: `/`, a home directory, `/home`, `/root`, a temporary
+/// directory every user shares.
 fn too_broad(p: &Path) -> bool {
     p == Path::new("/")
         || p == Path::new("/home")
         || p == Path::new("/root")
         || p.parent() == Some(Path::new("/home"))
-        || home().as_deref() == Some(p)
+        || is_home(p)
+        || shared_tmp(p)
 }
 
 /// Whether `p` is already visible through the system dirs.
@@ -152,11 +204,15 @@ impl ViewOptions {
             progs.push(abs);
         }
         for p in progs {
-            if in_system(&p) {
+            // A relative name (`./tool`) counts in its absolute form, pushed above.
+            if !p.is_absolute() || in_system(&p) {
                 continue;
             }
-            if let Some(prefix) = prefix_of(&p) {
-                push_ro(&mut s, prefix);
+            match prefix_of(&p) {
+                Some(prefix) => push_ro(&mut s, prefix),
+                // In a directory too broad to show: the program alone.
+                None if p.is_file() => push_ro(&mut s, p),
+                None => {}
             }
         }
         // The script: the first argument that is not an option, if it names a file outside the
@@ -170,9 +226,8 @@ impl ViewOptions {
         {
             if let Some(abs) = absolute(Path::new(a), &self.cwd) {
                 let abs = std::fs::canonicalize(&abs).unwrap_or(abs);
-                let system = ["/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var"]
-                    .iter()
-                    .any(|d| abs.starts_with(d));
+                let system =
+                    SYSTEM_TREES.iter().any(|d| abs.starts_with(d)) && !under_shared_tmp(&abs);
                 if abs.is_file() && !system && !in_system(&abs) {
                     match abs.parent() {
                         Some(dir) if !too_broad(dir) => push_ro(&mut s, dir.to_path_buf()),
@@ -181,7 +236,28 @@ impl ViewOptions {
                 }
             }
         }
-        match self.cwd_mode {
+        let mode = match self.cwd_mode {
+            CwdMode::Auto if cwd_withheld(&self.cwd).is_some() => {
+                // Not shown, but the proc starts where the user is: in the system view's
+                // directory of that name (`/usr/lib`, `/etc`, the private `/tmp`), else in an
+                // empty read-only directory at that path, holding what the command line named
+                // in it; where the jail's own trees (`/etc`, `/dev`, `/proc`) have nothing of
+                // that name, at `/`.
+                let c = &self.cwd;
+                let own = ["/etc", "/dev", "/proc", "/tmp"];
+                let at_own = own.iter().any(|d| c == Path::new(d));
+                if SYSTEM_DIRS.iter().any(|d| c.starts_with(d)) || at_own {
+                    s.workdir = Some(c.clone());
+                } else if c != Path::new("/") && !own.iter().any(|d| c.starts_with(d)) {
+                    s.dirs.push(c.clone());
+                    s.workdir = Some(c.clone());
+                }
+                CwdMode::None
+            }
+            CwdMode::Auto => CwdMode::Rw,
+            mode => mode,
+        };
+        match mode {
             CwdMode::None => {}
             _ if self.cwd == Path::new("/") => {}
             mode => {
@@ -308,5 +384,104 @@ mod tests {
             ..v
         };
         assert!(!v.spec().binds.iter().any(|b| b.src == Path::new("/etc")));
+    }
+
+    #[test]
+    fn a_home_a_shared_tmp_or_a_system_directory_is_not_shown_as_the_cwd() {
+        for d in [
+            "/",
+            "/root",
+            "/home",
+            "/home/alice",
+            "/tmp",
+            "/etc",
+            "/usr/lib",
+            "/var/lib",
+        ] {
+            assert!(cwd_withheld(Path::new(d)).is_some(), "{d}");
+        }
+        let project = tempfile_dir("withheld");
+        assert_eq!(cwd_withheld(&project), None);
+        let view = |cwd: &Path, mode| ViewOptions {
+            program: "/usr/bin/true".into(),
+            args: vec!["true".into()],
+            cwd: cwd.into(),
+            cwd_mode: mode,
+            uid: 1000,
+            gid: 1000,
+        };
+        // By default the home is an empty directory the proc starts in, not a bind.
+        let s = view(Path::new("/root"), CwdMode::Auto).spec();
+        assert!(
+            !s.binds.iter().any(|b| b.dst == Path::new("/root")),
+            "{s:?}"
+        );
+        assert_eq!(s.dirs, [PathBuf::from("/root")]);
+        assert_eq!(s.workdir.as_deref(), Some(Path::new("/root")));
+        // The system view's own directory: no new one.
+        let s = view(Path::new("/usr/lib"), CwdMode::Auto).spec();
+        assert!(s.dirs.is_empty() && !s.binds.iter().any(|b| b.rw), "{s:?}");
+        assert_eq!(s.workdir.as_deref(), Some(Path::new("/usr/lib")));
+        // Asked for, it is shown; a project directory is shown by default.
+        let s = view(Path::new("/root"), CwdMode::Rw).spec();
+        assert!(s.binds.iter().any(|b| b.dst == Path::new("/root") && b.rw));
+        let s = view(&project, CwdMode::Auto).spec();
+        assert!(s.binds.iter().any(|b| b.dst == project && b.rw), "{s:?}");
+        std::fs::remove_dir_all(&project).unwrap();
+    }
+
+    #[test]
+    fn a_program_in_a_directory_too_broad_to_show_is_shown_alone() {
+        let v = ViewOptions {
+            program: "/bin/sh".into(),
+            args: vec!["sh".into()],
+            cwd: "/".into(),
+            cwd_mode: CwdMode::None,
+            uid: 1000,
+            gid: 1000,
+        };
+        // A program straight in a shared temporary directory: the file, not the directory.
+        let tmp = std::env::temp_dir();
+        let prog = tmp.join(format!("view-prog-{}", std::process::id()));
+        std::fs::write(&prog, b"").unwrap();
+        let s = ViewOptions {
+            program: prog.clone(),
+            ..v
+        }
+        .spec();
+        std::fs::remove_file(&prog).unwrap();
+        if shared_tmp(&tmp) {
+            assert!(s.binds.iter().any(|b| b.src == prog), "{:?}", s.binds);
+            assert!(!s.binds.iter().any(|b| b.src == tmp), "{:?}", s.binds);
+        }
+    }
+
+    fn tempfile_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("view-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_program_named_relative_to_the_cwd_shows_its_absolute_prefix() {
+        let dir = tempfile_dir("rel");
+        std::fs::create_dir_all(dir.join("tools")).unwrap();
+        std::fs::write(dir.join("tools/run"), b"").unwrap();
+        let v = ViewOptions {
+            program: "./tools/run".into(),
+            args: vec!["./tools/run".into()],
+            cwd: dir.clone(),
+            cwd_mode: CwdMode::None,
+            uid: 1000,
+            gid: 1000,
+        };
+        let s = v.spec();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(s.binds.iter().all(|b| b.src.is_absolute()), "{:?}", s.binds);
+        assert!(
+            s.binds.iter().any(|b| b.src == dir.join("tools")),
+            "{:?}",
+            s.binds
+        );
     }
 }

@@ -12,7 +12,11 @@ use std::time::Duration;
 /// How the working directory appears in the proc's root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CwdArg {
-    /// Read-write (the proc may write where the user chose to run it).
+    /// Read-write, unless it is a home directory, a temporary directory every user shares or
+    /// a system directory: then not shown (the proc starts at its path, in an empty read-only
+    /// directory holding only the files the command line names there).
+    Auto,
+    /// Read-write (the proc may write where the user chose to run it), wherever that is.
     Rw,
     /// Read-only.
     Ro,
@@ -46,7 +50,7 @@ pub struct JailOpts {
     pub bind_rw: Vec<String>,
 
     /// How the working directory appears in the proc's root.
-    #[arg(long, value_enum, default_value_t = CwdArg::Rw)]
+    #[arg(long, value_enum, default_value_t = CwdArg::Auto)]
     pub cwd: CwdArg,
 
     /// The proc's network.
@@ -130,6 +134,16 @@ impl JailOpts {
             .collect()
     }
 
+    /// The working directory, when the default `--cwd auto` does not show it, and why.
+    pub fn withheld_cwd(&self) -> Option<(PathBuf, &'static str)> {
+        if self.no_jail || self.cwd != CwdArg::Auto {
+            return None;
+        }
+        let cwd = std::env::current_dir().ok()?;
+        let why = jail::view::cwd_withheld(&cwd)?;
+        Some((cwd, why))
+    }
+
     /// The jail for this run, or `None` with `--no-jail` (after a warning).
     pub fn spec(
         &self,
@@ -146,11 +160,19 @@ impl JailOpts {
             return Ok(None);
         }
         let cwd = std::env::current_dir().context("current dir")?;
+        if let Some((dir, why)) = self.withheld_cwd() {
+            eprintln!(
+                "sigma-supervise: the working directory {} is {why}: the proc starts there \
+                 without it, seeing only the files its command line names (--cwd rw shows it)",
+                dir.display()
+            );
+        }
         let view = jail::ViewOptions {
             program: program.to_path_buf(),
             args: command.to_vec(),
             cwd,
             cwd_mode: match self.cwd {
+                CwdArg::Auto => jail::CwdMode::Auto,
                 CwdArg::Rw => jail::CwdMode::Rw,
                 CwdArg::Ro => jail::CwdMode::Ro,
                 CwdArg::None => jail::CwdMode::None,

@@ -166,12 +166,20 @@ pub struct JailMap {
     hides: Vec<PathBuf>,
     /// Jail directories the supervisor fills (served prefixes).
     served: Vec<PathBuf>,
+    /// The working directory `--cwd auto` did not show (an empty directory at its path).
+    withheld_cwd: Option<PathBuf>,
 }
 
 impl JailMap {
     /// From the jail as it will be built; `cwd_ro`: the working directory was shown read-only
-    /// by `--cwd ro`; `user_dsts`: where the user's own `--bind`s are shown.
-    pub fn new(spec: &jail::JailSpec, cwd_ro: bool, user_dsts: &[PathBuf]) -> JailMap {
+    /// by `--cwd ro`; `withheld_cwd`: the working directory `--cwd auto` did not show;
+    /// `user_dsts`: where the user's own `--bind`s are shown.
+    pub fn new(
+        spec: &jail::JailSpec,
+        cwd_ro: bool,
+        withheld_cwd: Option<&Path>,
+        user_dsts: &[PathBuf],
+    ) -> JailMap {
         let mut shown: Vec<Shown> = Vec::new();
         for b in &spec.binds {
             let origin = if user_dsts.contains(&b.dst) {
@@ -194,7 +202,13 @@ impl JailMap {
         JailMap {
             shown,
             hides: spec.hides.clone(),
-            served: spec.dirs.clone(),
+            served: spec
+                .dirs
+                .iter()
+                .filter(|d| Some(d.as_path()) != withheld_cwd)
+                .cloned()
+                .collect(),
+            withheld_cwd: withheld_cwd.map(Path::to_path_buf),
         }
     }
 
@@ -213,6 +227,17 @@ impl JailMap {
         };
         if self.served.iter().any(|p| dir.starts_with(p)) {
             return supervisors();
+        }
+        if self.withheld_cwd.as_deref() == Some(dir) {
+            return (
+                dir.to_path_buf(),
+                format!(
+                    "{} is read-only in the jail: the working directory is not shown there \
+                     by default (a home, shared temporary or system directory); --cwd rw shows \
+                     it writable",
+                    shown(dir)
+                ),
+            );
         }
         let system = || {
             (
@@ -459,7 +484,7 @@ mod tests {
         spec.hides.push("/var/cache/sigma".into());
         spec.dirs.push("/srv/served".into());
         spec.workdir = Some("/home/u/work".into());
-        JailMap::new(&spec, true, &[PathBuf::from("/data")])
+        JailMap::new(&spec, true, None, &[PathBuf::from("/data")])
     }
 
     #[test]
@@ -506,12 +531,20 @@ mod tests {
         let mut spec = jail::JailSpec::new(1000, 1000);
         spec.binds.push(jail::Bind::ro("/home/u/work"));
         spec.workdir = Some("/home/u/work".into());
-        let m = JailMap::new(&spec, false, &[]);
+        let m = JailMap::new(&spec, false, None, &[]);
         assert!(m
             .hint(Path::new("/home/u/work"))
             .1
             .contains("--bind-rw /home/u/work "));
         assert_eq!(shown(Path::new("/a\nb")), "/a?b");
+        // A working directory `--cwd auto` did not show: the flag that shows it, not "served".
+        let mut spec = jail::JailSpec::new(1000, 1000);
+        spec.dirs.push("/root".into());
+        spec.workdir = Some("/root".into());
+        let m = JailMap::new(&spec, false, Some(Path::new("/root")), &[]);
+        let (key, line) = m.hint(Path::new("/root"));
+        assert_eq!(key, Path::new("/root"));
+        assert!(line.ends_with("--cwd rw shows it writable"), "{line}");
     }
 
     #[test]

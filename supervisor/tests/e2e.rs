@@ -568,7 +568,7 @@ fn paths_relative_to_the_start_cwd_as_an_unprivileged_user() {
         ])
         .arg(&bin)
         .current_dir(&work)
-        .env("HOME", &work)
+        .env("HOME", interp::home_in(&work))
         .env_remove("XDG_CACHE_HOME")
         .env_remove("RUST_LOG")
         .arg(format!("--trace={}", trace.display()))
@@ -844,14 +844,15 @@ fn a_home_the_jail_does_not_show_becomes_its_private_tmp() {
     ]));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o), "/tmp ok\n");
-    // A home the jail shows (here: the working directory) stays as it is.
+    // A home the jail shows (here: inside the working directory) stays as it is.
     let dir = tempfile::tempdir().unwrap();
-    let o = run(sup().current_dir(dir.path()).env("HOME", dir.path()).args([
+    let home = interp::home_in(dir.path());
+    let o = run(sup().current_dir(dir.path()).env("HOME", &home).args([
         "python3",
         "-c",
         "import os; print(os.environ['HOME'])",
     ]));
-    assert_eq!(stdout(&o).trim(), dir.path().display().to_string());
+    assert_eq!(stdout(&o).trim(), home.display().to_string());
 }
 
 #[test]

@@ -77,7 +77,29 @@ fn workdir(ctx: Ctx) -> tempfile::TempDir {
 }
 
 impl Ctx {
+    /// The run's `HOME`: `cwd/home`, the starter's own (a working directory that is the home
+    /// is not shown; `a_working_directory_that_is_a_home_or_shared_is_not_shown` runs that
+    /// case).
+    fn home_in(self, cwd: &Path) -> PathBuf {
+        let home = cwd.join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        if self.unprivileged {
+            nix::unistd::chown(&home, Some(NOBODY.into()), Some(NOBODY.into())).unwrap();
+        }
+        home
+    }
+
     fn command(self, cwd: &Path, extra: &[&str], attack: &[&str]) -> Command {
+        self.command_with_home(cwd, &self.home_in(cwd), extra, attack)
+    }
+
+    fn command_with_home(
+        self,
+        cwd: &Path,
+        home: &Path,
+        extra: &[&str],
+        attack: &[&str],
+    ) -> Command {
         let (bin, script) = shared();
         let mut c = if self.unprivileged {
             let mut c = Command::new("setpriv");
@@ -97,7 +119,7 @@ impl Ctx {
             .env_remove("RUST_LOG")
             // The supervisor's cache and scratch go under the working directory (and must be
             // hidden there).
-            .env("HOME", cwd)
+            .env("HOME", home)
             .env_remove("XDG_CACHE_HOME")
             .env("AWS_SECRET_ACCESS_KEY", SECRET)
             .args(["--profile", self.profile])
@@ -110,7 +132,11 @@ impl Ctx {
     }
 
     fn run(self, cwd: &Path, extra: &[&str], attack: &[&str]) -> Output {
-        let o = self.command(cwd, extra, attack).output().unwrap();
+        self.finish(self.command(cwd, extra, attack), attack)
+    }
+
+    fn finish(self, mut c: Command, attack: &[&str]) -> Output {
+        let o = c.output().unwrap();
         eprintln!(
             "[{self:?}] {attack:?} status {:?}\n--- stdout\n{}--- stderr\n{}",
             o.status,
@@ -264,6 +290,72 @@ fn writes_outside_the_binds_do_not_land() {
         assert_eq!(std::fs::read("/etc/hostname").unwrap_or_default(), hostname);
         assert_eq!(std::fs::read("/etc/hosts").unwrap_or_default(), hosts);
         assert!(Path::new("/usr/lib/os-release").exists());
+    }
+}
+
+#[test]
+fn a_working_directory_that_is_a_home_or_shared_is_not_shown() {
+    for ctx in contexts() {
+        // Started from the user's home: its dotfiles and keys stay out of reach (root's would
+        // be the proc's own to rewrite through the idmapped bind a shown cwd gets).
+        let w = workdir(ctx);
+        let (rc, key) = (w.path().join(".bashrc"), w.path().join(".ssh/id_ed25519"));
+        std::fs::write(&rc, "# the user's shell start-up\n").unwrap();
+        std::fs::create_dir_all(key.parent().unwrap()).unwrap();
+        std::fs::write(&key, SECRET).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let (rc_s, key_s) = (rc.display().to_string(), key.display().to_string());
+        let c = ctx.command_with_home(
+            w.path(),
+            w.path(),
+            &[],
+            &["read_secret", &key_s, ".ssh/id_ed25519"],
+        );
+        let o = ctx.finish(c, &["read_secret"]);
+        assert!(
+            !out(&o).contains(SECRET),
+            "[{ctx:?}] a key of the home leaked"
+        );
+        assert!(
+            out(&o).contains("is a home directory"),
+            "[{ctx:?}] {}",
+            out(&o)
+        );
+        let attack = ["write_outside", &rc_s, ".bashrc", ".profile"];
+        let o = ctx.finish(
+            ctx.command_with_home(w.path(), w.path(), &[], &attack),
+            &attack,
+        );
+        assert_eq!(
+            std::fs::read_to_string(&rc).unwrap(),
+            "# the user's shell start-up\n",
+            "[{ctx:?}] {}",
+            out(&o)
+        );
+        assert!(!w.path().join(".profile").exists(), "[{ctx:?}] {}", out(&o));
+
+        // Started from a directory every user shares (sticky, world-writable, like /tmp): the
+        // files others left there are neither readable nor rewritable.
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let (left, theirs) = (t.path().join("left.txt"), t.path().join("theirs.txt"));
+        std::fs::write(&left, SECRET).unwrap();
+        std::fs::set_permissions(&left, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(&theirs, "theirs\n").unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let o = ctx.run(t.path(), &[], &["read_secret", "left.txt"]);
+        assert!(
+            !out(&o).contains(SECRET),
+            "[{ctx:?}] another user's file leaked"
+        );
+        let o = ctx.run(t.path(), &[], &["write_outside", "theirs.txt", "mine.txt"]);
+        assert_eq!(
+            std::fs::read_to_string(&theirs).unwrap(),
+            "theirs\n",
+            "[{ctx:?}] {}",
+            out(&o)
+        );
+        assert!(!t.path().join("mine.txt").exists(), "[{ctx:?}] {}", out(&o));
     }
 }
 
@@ -512,7 +604,7 @@ fn everyday_runs_work_for_root_and_for_an_unprivileged_user() {
         };
         let o = c
             .current_dir(w.path())
-            .env("HOME", w.path())
+            .env("HOME", ctx.home_in(w.path()))
             .env_remove("XDG_CACHE_HOME")
             .args(["--profile", ctx.profile, "/usr/bin/python3", "-c", code])
             .output()

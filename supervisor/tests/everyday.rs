@@ -157,7 +157,7 @@ impl As {
         };
         c.args(args)
             .current_dir(self.home.path())
-            .env("HOME", self.home.path())
+            .env("HOME", interp::home_in(self.home.path()))
             .env_remove("RUST_LOG")
             .env_remove("PYTHONPATH");
         c

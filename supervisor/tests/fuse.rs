@@ -141,7 +141,7 @@ impl Setup {
             .env_remove("PYTHONPATH")
             .env_remove("RUST_LOG")
             .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env("HOME", &work)
+            .env("HOME", interp::home_in(&work))
             .env_remove("XDG_CACHE_HOME")
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         c

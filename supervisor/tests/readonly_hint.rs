@@ -75,7 +75,7 @@ fn supervised(who: Who, cwd: &Path, args: &[&str], code: &str) -> Output {
     let o = c
         .args(["-c", code])
         .current_dir(cwd)
-        .env("HOME", cwd)
+        .env("HOME", interp::home_in(cwd))
         .env_remove("PYTHONPATH")
         .stdin(Stdio::null())
         .output()

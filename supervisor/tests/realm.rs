@@ -862,7 +862,7 @@ fn an_ordinary_user_gets_realm_libraries_and_its_lazy_backend_is_fuse() {
             .args(["/usr/bin/python3", "-c", code])
             .current_dir(&work)
             .env_remove("PYTHONPATH")
-            .env("HOME", &work)
+            .env("HOME", interp::home_in(&work))
             .env_remove("XDG_CACHE_HOME")
             .output()
             .unwrap();

@@ -124,3 +124,16 @@ pub fn half_fed_fifo(
     });
     (fed, done)
 }
+
+/// A `HOME` for a run whose working directory is `dir`: `dir/home`, made with `dir`'s owner.
+/// (The working directory itself is never `HOME`: the default `--cwd auto` does not show a
+/// home.)
+#[allow(dead_code)]
+pub fn home_in(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let home = dir.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let m = std::fs::metadata(dir).unwrap();
+    std::os::unix::fs::chown(&home, Some(m.uid()), Some(m.gid())).unwrap();
+    home
+}
