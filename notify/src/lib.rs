@@ -22,6 +22,9 @@ pub mod path;
 pub mod probe;
 mod sys;
 
+/// The pidfd calls, for the supervisor's own use of them (signals, the listener's hand-over).
+pub use sys::{pidfd_getfd, pidfd_open, PIDFD_THREAD};
+
 pub use filter::{Action, ArgCmp, CmpOp, CompiledFilter, FilterSpec, SyscallRule};
 pub use listener::{Listener, Notification, Response};
 pub use mem::TargetMem;

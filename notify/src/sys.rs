@@ -66,11 +66,12 @@ pub(crate) fn statx_at(
     Ok(unsafe { out.assume_init() })
 }
 
-/// `PIDFD_THREAD` (Linux 6.9): a pidfd for one thread, not only for a thread-group leader.
-const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
+/// `PIDFD_THREAD` (Linux 6.9, = `O_EXCL`): a pidfd for one thread, not only for a
+/// thread-group leader; signals sent through it reach that thread.
+pub const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
 
-/// pidfd_open(2).
-pub(crate) fn pidfd_open(pid: libc::pid_t, flags: libc::c_uint) -> Result<OwnedFd, Errno> {
+/// pidfd_open(2) with flags (0 or [`PIDFD_THREAD`]).
+pub fn pidfd_open(pid: libc::pid_t, flags: libc::c_uint) -> Result<OwnedFd, Errno> {
     // SAFETY: plain syscall with integer arguments.
     let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, flags) };
     let fd = Errno::result(r)? as RawFd;
@@ -80,7 +81,7 @@ pub(crate) fn pidfd_open(pid: libc::pid_t, flags: libc::c_uint) -> Result<OwnedF
 
 /// pidfd_getfd(2): our own duplicate (close-on-exec) of descriptor `fd` of the process or
 /// thread behind `pidfd`. Needs ptrace-attach rights over it, as a parent has.
-pub(crate) fn pidfd_getfd(pidfd: BorrowedFd<'_>, fd: RawFd) -> Result<OwnedFd, Errno> {
+pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, fd: RawFd) -> Result<OwnedFd, Errno> {
     // SAFETY: plain syscall with integer arguments; `pidfd` is alive for the call.
     let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     let got = Errno::result(r)? as RawFd;

@@ -462,7 +462,7 @@ fn run(cli: Cli) -> Result<u8, Failure> {
                 img.watch(child.pid, &r.opts.lib_prefix)
                     .map_err(|e| anyhow::anyhow!("realm {}: lazy backend: {e}", r.opts.realm))?;
                 let init = (!cli.jail.no_jail)
-                    .then(|| sys::pidfd_open(child.pid))
+                    .then(|| sys::pidfd_open(child.pid, 0))
                     .transpose()
                     .map_err(|e| anyhow::anyhow!("pidfd_open of the jail's init: {e}"))?;
                 Box::new(r.start_lazy(img, init)?)

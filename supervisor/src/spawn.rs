@@ -621,7 +621,7 @@ pub fn spawn(mut p: Prepared) -> Result<Child, Failure> {
         Some((tag, errno)) => return Err(setup_failed(describe_stage(&p, tag, errno))),
         None => return Err(setup_failed("the child exited during setup".into())),
     };
-    let pidfd = sys::pidfd_open(pid).context("pidfd_open")?;
+    let pidfd = sys::pidfd_open(pid, 0).context("pidfd_open")?;
     let listener = sys::pidfd_getfd(pidfd.as_fd(), fd).map_err(|e| {
         setup_failed(format!(
             "taking the seccomp listener (pidfd_getfd): {}",
@@ -1015,7 +1015,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         }
         Some(([J_LISTENER, fd, _, _], Some(tpid), _)) => {
             jail::mark("listener");
-            let pidfd = sys::pidfd_open(tpid).context("pidfd_open")?;
+            let pidfd = sys::pidfd_open(tpid, 0).context("pidfd_open")?;
             let listener = sys::pidfd_getfd(pidfd.as_fd(), fd as i32).map_err(|e| {
                 setup_failed(format!(
                     "taking the seccomp listener (pidfd_getfd): {}",

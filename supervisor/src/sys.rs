@@ -34,23 +34,7 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// pidfd_open(2).
-pub fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
-    // SAFETY: plain syscall with integer arguments.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    let fd = Errno::result(fd)? as RawFd;
-    // SAFETY: on success pidfd_open returns a new fd that nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// pidfd_getfd(2): duplicate fd `target_fd` of the process behind `pidfd` into this process.
-pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target_fd: i32) -> Result<OwnedFd, Errno> {
-    // SAFETY: plain syscall with integer arguments; the pidfd is borrowed for the call.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target_fd, 0) };
-    let fd = Errno::result(fd)? as RawFd;
-    // SAFETY: on success pidfd_getfd returns a new fd (O_CLOEXEC) that nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
+pub use notify::{pidfd_getfd, pidfd_open, PIDFD_THREAD};
 
 /// Take ownership of a descriptor that recvmsg(2) just received (SCM_RIGHTS).
 pub fn received_fd(fd: RawFd) -> OwnedFd {
@@ -143,18 +127,6 @@ pub fn is_realtime() -> bool {
     // SAFETY: sched_getscheduler(0) queries this process; no pointers.
     let policy = unsafe { libc::syscall(libc::SYS_sched_getscheduler, 0) };
     policy == libc::c_long::from(libc::SCHED_FIFO) || policy == libc::c_long::from(libc::SCHED_RR)
-}
-
-/// PIDFD_THREAD (= O_EXCL): a pidfd for one thread; signals sent through it reach that thread.
-pub const PIDFD_THREAD: u32 = libc::O_EXCL as u32;
-
-/// pidfd_open(2) with flags (0 or [`PIDFD_THREAD`]).
-pub fn pidfd_open_flags(pid: i32, flags: u32) -> Result<OwnedFd, Errno> {
-    // SAFETY: plain syscall with integer arguments.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, flags) };
-    let fd = Errno::result(fd)? as RawFd;
-    // SAFETY: on success pidfd_open returns a new fd that nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// pidfd_send_signal(2) without a siginfo: the process (or thread) behind `pidfd` gets `sig`

@@ -137,11 +137,11 @@ impl Tree {
 
     /// Send `sig` to `pid` if it is in the tree: EPERM if it is not, ESRCH if it is gone.
     pub fn send(&self, pid: i32, sig: i32) -> Result<(), Errno> {
-        let pidfd = match sys::pidfd_open_flags(pid, 0) {
+        let pidfd = match sys::pidfd_open(pid, 0) {
             // A thread id that is not a group leader: kill(2) signals its whole process.
             Err(Errno::EINVAL) => {
                 let tgid = tgid_of(pid).ok_or(Errno::ESRCH)?;
-                sys::pidfd_open_flags(tgid, 0)?
+                sys::pidfd_open(tgid, 0)?
             }
             r => r?,
         };
@@ -254,7 +254,7 @@ pub fn handle(tree: &Tree, n: &Notification, call: SignalCall) -> Result<Reply, 
             if tid == caller_tid && want_tgid.is_none_or(|g| g == caller) {
                 return continue_();
             }
-            let pidfd = sys::pidfd_open_flags(tid, sys::PIDFD_THREAD)?;
+            let pidfd = sys::pidfd_open(tid, sys::PIDFD_THREAD)?;
             let tgid = tgid_of(tid).ok_or(Errno::ESRCH)?;
             if want_tgid.is_some_and(|g| g != tgid) {
                 return Err(Errno::ESRCH);
@@ -270,7 +270,7 @@ pub fn handle(tree: &Tree, n: &Notification, call: SignalCall) -> Result<Reply, 
             }
             let flags = u32::try_from(n.args[3]).map_err(|_| Errno::EINVAL)?;
             let fd = i32::try_from(n.args[0]).map_err(|_| Errno::EBADF)?;
-            let caller_fd = sys::pidfd_open_flags(caller, 0)?;
+            let caller_fd = sys::pidfd_open(caller, 0)?;
             // Our own copy of the caller's pidfd: the same process, whatever happens to its pid.
             let ours = sys::pidfd_getfd(caller_fd.as_fd(), fd).map_err(|_| Errno::EBADF)?;
             let pid = pidfd_pid(&ours).ok_or(Errno::EBADF)?;
