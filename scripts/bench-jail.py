@@ -24,6 +24,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,9 +45,14 @@ def bwrap_view(prefix: str) -> list[str]:
     return args
 
 
+# Every variant runs in a project directory of its own, as a user's run would: the jail shows it
+# (a working directory that is /tmp itself, every user's, is not shown by default).
+PROJECT = tempfile.TemporaryDirectory(prefix="bench-jail.")
+
+
 def timed(cmd: list[str]) -> float:
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/tmp")
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=PROJECT.name)
     dt = time.perf_counter() - t0
     if r.returncode != 0:
         sys.exit(f"bench-jail: {' '.join(cmd)} exited {r.returncode}")
