@@ -98,18 +98,37 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// `SRC[:DST]` split; DST defaults to SRC.
-fn split_bind(s: &str) -> (&str, &str) {
-    s.split_once(':').unwrap_or((s, s))
+fn split_bind(s: &str) -> (&str, Option<&str>) {
+    match s.split_once(':') {
+        Some((src, dst)) => (src, Some(dst)),
+        None => (s, None),
+    }
+}
+
+/// Where `--bind SRC[:DST]` shows its source: DST, else SRC itself (a relative SRC in its
+/// absolute form, `data` → `$PWD/data`, as the host's working directory resolves it).
+fn bind_dst(s: &str) -> PathBuf {
+    match split_bind(s) {
+        (_, Some(dst)) => PathBuf::from(dst),
+        (src, None) => {
+            let src = Path::new(src);
+            if src.is_absolute() {
+                src.to_path_buf()
+            } else {
+                std::fs::canonicalize(src).unwrap_or_else(|_| src.to_path_buf())
+            }
+        }
+    }
 }
 
 fn parse_bind(s: &str, rw: bool) -> anyhow::Result<jail::Bind> {
-    let (src, dst) = split_bind(s);
-    let src = std::fs::canonicalize(src)
-        .with_context(|| format!("--bind{} {s}: source", if rw { "-rw" } else { "" }))?;
-    let dst = PathBuf::from(dst);
+    let flag = if rw { "--bind-rw" } else { "--bind" };
+    let src =
+        std::fs::canonicalize(split_bind(s).0).with_context(|| format!("{flag} {s}: source"))?;
+    let dst = bind_dst(s);
     if !dst.is_absolute() {
         return Err(anyhow!(
-            "--bind {s}: the destination must be an absolute path"
+            "{flag} {s}: the destination must be an absolute path"
         ));
     }
     let b = if rw {
@@ -128,10 +147,7 @@ pub(crate) fn file_url_dir(url: &str) -> Option<PathBuf> {
 impl JailOpts {
     /// Where the user's read-only `--bind`s are shown in the jail.
     pub fn bind_dsts(&self) -> Vec<PathBuf> {
-        self.bind
-            .iter()
-            .map(|b| PathBuf::from(split_bind(b).1))
-            .collect()
+        self.bind.iter().map(|b| bind_dst(b)).collect()
     }
 
     /// The working directory, when the default `--cwd auto` does not show it, and why.
@@ -254,5 +270,22 @@ mod tests {
         );
         assert!(parse_bind("/usr:rel", true).is_err());
         assert!(parse_bind("/no/such/src", true).is_err());
+        // A relative source without a destination is shown where the host resolves it.
+        let here = std::env::current_dir().unwrap();
+        let name = here.file_name().unwrap().to_str().unwrap().to_owned();
+        let rel = format!("../{name}");
+        let b = parse_bind(&rel, true).unwrap();
+        let real = std::fs::canonicalize(&here).unwrap();
+        assert_eq!(
+            (b.src.as_path(), b.dst.as_path(), b.rw),
+            (&*real, &*real, true)
+        );
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            jail: JailOpts,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(["x", "--bind", &rel]).unwrap();
+        assert_eq!(cli.jail.bind_dsts(), [real]);
     }
 }
