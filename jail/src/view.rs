@@ -194,6 +194,42 @@ impl ViewOptions {
             }
         }
         self.etc(&mut s);
+        // The working directory first: what it shows read-write (a venv, the script) is not
+        // shown again read-only below.
+        let mode = match self.cwd_mode {
+            CwdMode::Auto if cwd_withheld(&self.cwd).is_some() => {
+                // Not shown, but the proc starts where the user is: in the system view's
+                // directory of that name (`/usr/lib`, `/etc`, the private `/tmp`), else in an
+                // empty read-only directory at that path, holding what the command line named
+                // in it; where the jail's own trees (`/etc`, `/dev`, `/proc`) have nothing of
+                // that name, at `/`.
+                let c = &self.cwd;
+                let own = ["/etc", "/dev", "/proc", "/tmp"];
+                let at_own = own.iter().any(|d| c == Path::new(d));
+                if SYSTEM_DIRS.iter().any(|d| c.starts_with(d)) || at_own {
+                    s.workdir = Some(c.clone());
+                } else if c != Path::new("/") && !own.iter().any(|d| c.starts_with(d)) {
+                    s.dirs.push(c.clone());
+                    s.workdir = Some(c.clone());
+                }
+                CwdMode::None
+            }
+            CwdMode::Auto => CwdMode::Rw,
+            mode => mode,
+        };
+        match mode {
+            CwdMode::None => {}
+            _ if self.cwd == Path::new("/") => {}
+            mode => {
+                let b = Bind::ro(&self.cwd).idmapped();
+                s.binds.push(if mode == CwdMode::Rw {
+                    Bind { rw: true, ..b }
+                } else {
+                    b
+                });
+                s.workdir = Some(self.cwd.clone());
+            }
+        }
         // The program and what it really is (a venv's python is a symlink to an interpreter
         // elsewhere; a pyenv shim runs the version under the same root).
         let mut progs = vec![self.program.clone()];
@@ -234,40 +270,6 @@ impl ViewOptions {
                         _ => push_ro(&mut s, abs.clone()),
                     }
                 }
-            }
-        }
-        let mode = match self.cwd_mode {
-            CwdMode::Auto if cwd_withheld(&self.cwd).is_some() => {
-                // Not shown, but the proc starts where the user is: in the system view's
-                // directory of that name (`/usr/lib`, `/etc`, the private `/tmp`), else in an
-                // empty read-only directory at that path, holding what the command line named
-                // in it; where the jail's own trees (`/etc`, `/dev`, `/proc`) have nothing of
-                // that name, at `/`.
-                let c = &self.cwd;
-                let own = ["/etc", "/dev", "/proc", "/tmp"];
-                let at_own = own.iter().any(|d| c == Path::new(d));
-                if SYSTEM_DIRS.iter().any(|d| c.starts_with(d)) || at_own {
-                    s.workdir = Some(c.clone());
-                } else if c != Path::new("/") && !own.iter().any(|d| c.starts_with(d)) {
-                    s.dirs.push(c.clone());
-                    s.workdir = Some(c.clone());
-                }
-                CwdMode::None
-            }
-            CwdMode::Auto => CwdMode::Rw,
-            mode => mode,
-        };
-        match mode {
-            CwdMode::None => {}
-            _ if self.cwd == Path::new("/") => {}
-            mode => {
-                let b = Bind::ro(&self.cwd).idmapped();
-                s.binds.push(if mode == CwdMode::Rw {
-                    Bind { rw: true, ..b }
-                } else {
-                    b
-                });
-                s.workdir = Some(self.cwd.clone());
             }
         }
         s
@@ -428,6 +430,34 @@ mod tests {
         let s = view(&project, CwdMode::Auto).spec();
         assert!(s.binds.iter().any(|b| b.dst == project && b.rw), "{s:?}");
         std::fs::remove_dir_all(&project).unwrap();
+    }
+
+    #[test]
+    fn a_venv_inside_the_working_directory_stays_as_writable_as_the_directory() {
+        let dir = tempfile_dir("venv");
+        std::fs::create_dir_all(dir.join("v/bin")).unwrap();
+        std::fs::write(dir.join("v/bin/python"), b"").unwrap();
+        let view = |mode| ViewOptions {
+            program: dir.join("v/bin/python"),
+            args: vec!["python".into()],
+            cwd: dir.clone(),
+            cwd_mode: mode,
+            uid: 1000,
+            gid: 1000,
+        };
+        let shown = |s: &JailSpec| -> Vec<(PathBuf, bool)> {
+            s.binds
+                .iter()
+                .filter(|b| b.dst.starts_with(&dir))
+                .map(|b| (b.dst.clone(), b.rw))
+                .collect()
+        };
+        let rw = view(CwdMode::Rw).spec();
+        let none = view(CwdMode::None).spec();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(shown(&rw), [(dir.clone(), true)]);
+        // Without the working directory the venv is still shown, read-only.
+        assert_eq!(shown(&none), [(dir.join("v"), false)]);
     }
 
     #[test]
