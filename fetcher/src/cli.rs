@@ -32,7 +32,7 @@ pub struct PublishArgs {
     /// imports each package in its jail and puts the files the import reads first).
     #[arg(long)]
     pub no_trace: bool,
-    /// Wheels (files or directories of them) and package directories.
+    /// Wheels (files or directories of them), package directories and modules (NAME.py).
     pub paths: Vec<PathBuf>,
 }
 

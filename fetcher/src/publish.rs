@@ -41,8 +41,9 @@ pub enum PublishSource {
 }
 
 impl PublishSource {
-    /// Guess the kind of `path`: `*.txt` → requirements, `*.whl` or a directory containing
-    /// wheels → wheels, any other directory → package directory.
+    /// Guess the kind of `path`: `*.whl` or a directory containing wheels → wheels, a module
+    /// (`*.py`) or any other directory → package directory, any other file (`*.txt`, `*.in`)
+    /// → requirements.
     pub fn detect(path: &Path) -> Result<PublishSource> {
         let has_wheels = || {
             std::fs::read_dir(path).is_ok_and(|rd| {
@@ -52,6 +53,8 @@ impl PublishSource {
         };
         if path.is_file() && path.extension().is_some_and(|e| e == "whl") {
             Ok(PublishSource::Wheels(path.to_owned()))
+        } else if path.is_file() && path.extension().is_some_and(|e| e == "py") {
+            Ok(PublishSource::PackageDir(path.to_owned()))
         } else if path.is_file() {
             Ok(PublishSource::Requirements {
                 file: path.to_owned(),

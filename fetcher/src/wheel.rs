@@ -214,13 +214,17 @@ fn read_tree(root: &Path, rel: &str, out: &mut BTreeMap<String, Vec<u8>>) -> Res
     Ok(())
 }
 
-/// Read a plain package directory.
+/// Read a plain package directory (or a single module).
 ///
+/// * A module file (`NAME.py`) is one distribution named after it (version `0`).
 /// * A directory with `__init__.py` is one package named after the directory (version `0`).
 /// * Otherwise it is a site-packages-like directory: each `*.dist-info` with a RECORD groups the
 ///   top-level entries its RECORD names into one distribution; every other top-level entry is a
 ///   distribution of its own (version `0`).
 pub(crate) fn read_package_dir(dir: &Path) -> Result<Vec<Distribution>> {
+    if dir.is_file() {
+        return read_module(dir).map(|d| vec![d]);
+    }
     let base = dir
         .canonicalize()
         .ctx("resolve", dir)?
@@ -300,9 +304,44 @@ pub(crate) fn read_package_dir(dir: &Path) -> Result<Vec<Distribution>> {
     Ok(dists.into_values().collect())
 }
 
+/// A single-file module (`mymod.py`): a distribution of that name with the one file.
+fn read_module(path: &Path) -> Result<Distribution> {
+    let name = path.file_name().map(|f| f.to_string_lossy().into_owned());
+    let Some(stem) = name.as_deref().and_then(|n| n.strip_suffix(".py")) else {
+        return Err(FetchError::invalid(
+            format!("{}", path.display()),
+            "a file to publish as a package must be a module (NAME.py)",
+        ));
+    };
+    let file = format!("{stem}.py");
+    check_rel_path(&file)?;
+    let data = std::fs::read(path).ctx("read", path)?;
+    Ok(Distribution {
+        name: normalize_dist_name(stem),
+        version: "0".into(),
+        source: format!("{}", path.display()),
+        files: BTreeMap::from([(file, data)]),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_single_module_is_a_distribution_of_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dir.path().join("My_Mod.py");
+        std::fs::write(&m, b"X = 1\n").unwrap();
+        let d = read_package_dir(&m).unwrap();
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].name, normalize_dist_name("My_Mod"));
+        assert_eq!(d[0].files.keys().collect::<Vec<_>>(), ["My_Mod.py"]);
+        assert_eq!(d[0].files["My_Mod.py"], b"X = 1\n");
+        let other = dir.path().join("notes.md");
+        std::fs::write(&other, b"").unwrap();
+        assert!(read_package_dir(&other).is_err());
+    }
 
     #[test]
     fn csv_quotes() {

@@ -140,6 +140,29 @@ fn two_package_bucket(dir: &Path) -> String {
 }
 
 #[test]
+fn a_single_module_is_published_and_imported_from_the_realm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let module = src.join("onefile_mod.py");
+    std::fs::write(&module, "V = 7\n").unwrap();
+    let bucket_dir = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket_dir).unwrap();
+    let bucket = format!("file://{}", bucket_dir.display());
+    publish(&bucket, &[], &[&module]);
+    let cache = tmp.path().join("cache");
+    let r = Realm {
+        name: "m",
+        bucket: &bucket,
+        cache: &cache,
+        env: vec![],
+    };
+    let o = r.py("import onefile_mod; print(onefile_mod.V, onefile_mod.__file__)");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("7 {PREFIX}/onefile_mod.py\n"));
+}
+
+#[test]
 fn file_bucket_listing_import_cache_hit_and_hidden_cache() {
     let tmp = tempfile::tempdir().unwrap();
     let bucket = two_package_bucket(tmp.path());
