@@ -231,8 +231,11 @@ fn parse_grace(s: &str) -> Result<std::time::Duration, String> {
 
 fn init_logging(verbose: u8) {
     use tracing_subscriber::EnvFilter;
+    // The AWS SDK warns about each credential provider it tried; a failed fetch is reported
+    // once, in one line, by the realm (with the credentials to check), so its warnings are
+    // shown only from -v on.
     let default = match verbose {
-        0 => "warn",
+        0 => "warn,aws_config=error",
         1 => "info",
         2 => "debug",
         _ => "trace",

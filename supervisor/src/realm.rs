@@ -57,9 +57,9 @@ pub struct RealmOpts {
     #[arg(long, value_name = "NAME", default_value = "local")]
     pub realm: String,
 
-    /// Library bucket: s3://BUCKET[/PREFIX] (standard AWS configuration) or file:///DIR.
-    /// Without one the target has no library dir.
-    #[arg(long, value_name = "URL")]
+    /// Library bucket: s3://BUCKET[/PREFIX] (standard AWS configuration) or file:///DIR, as
+    /// `publish` takes it. Without one the target has no library dir.
+    #[arg(long, value_name = "URL", env = "SIGMA_LIB_BUCKET")]
     pub bucket: Option<String>,
 
     /// Cache root shared by every realm, also holding the compiled profiles [default:
