@@ -311,8 +311,22 @@ impl From<anyhow::Error> for Failure {
     }
 }
 
+/// `--trace FILE` (without `=`) is `--trace` to stderr with FILE as the program: when that
+/// program is not found, say how to name the file.
+fn trace_hint(f: Failure, cli: &Cli) -> Failure {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let after_trace = args
+        .windows(2)
+        .any(|w| w[0] == "--trace" && w[1] == cli.command[0]);
+    if f.code == 127 && cli.trace.as_deref() == Some(std::path::Path::new("-")) && after_trace {
+        let error = anyhow::anyhow!("{} (--trace takes its file as --trace=FILE)", f.error);
+        return Failure { error, code: 127 };
+    }
+    f
+}
+
 fn run(cli: Cli) -> Result<u8, Failure> {
-    let program = spawn::find_program(&cli.command[0])?;
+    let program = spawn::find_program(&cli.command[0]).map_err(|f| trace_hint(f, &cli))?;
     // A realm's lib dir is one more served dir (see realm.rs), on the target's PYTHONPATH.
     let mut realm = realm::RealmPlan::new(&cli.realm)?;
     let mut serves = cli.serve.clone();

@@ -714,6 +714,12 @@ fn unknown_program_is_127_with_one_line() {
     let err = stderr(&o);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("no-such-program-xyz"), "{err}");
+    // `--trace FILE` makes FILE the program: the one line says how to name the file.
+    let o = run(sup().args(["--trace", "/no/such/trace.tsv", "true"]));
+    assert_eq!(o.status.code(), Some(127));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--trace=FILE"), "{err}");
 }
 
 #[test]
