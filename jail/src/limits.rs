@@ -69,6 +69,22 @@ impl Cgroup {
         Ok(Some(cg))
     }
 
+    /// Whether the kernel killed a process of the group for want of memory (`oom_kill` in
+    /// v2's `memory.events` or v1's `memory.oom_control`): the proc reached its `--memory`.
+    pub fn oom_killed(&self) -> bool {
+        self.dirs.iter().any(|d| {
+            ["memory.events", "memory.oom_control"].iter().any(|f| {
+                std::fs::read_to_string(d.join(f)).is_ok_and(|s| {
+                    s.lines().any(|l| {
+                        l.strip_prefix("oom_kill ")
+                            .and_then(|n| n.trim().parse::<u64>().ok())
+                            .is_some_and(|n| n > 0)
+                    })
+                })
+            })
+        })
+    }
+
     /// Move `pid` (and so its future descendants) into the groups.
     pub fn join(&self, pid: i32) -> Result<(), String> {
         for d in &self.dirs {

@@ -910,7 +910,13 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         };
         // The target makes its network namespace while we build the root (see jail's docs),
         // starting at once: it is the longest step of a jailed start and needs only the
-        // capabilities the new user namespace gave us, not the id maps.
+        // capabilities the new user namespace gave us, not the id maps. With a cgroup, only
+        // once the supervisor has moved us into it (before the maps' byte): a process forked
+        // before stays in the cgroup it was forked in, and the limits would miss the proc.
+        let joined_first = cgroup.is_some();
+        if joined_first && !wait_byte(&maps_rx) {
+            sys::exit_now(125)
+        }
         let target = match sys::fork() {
             Ok(0) => {
                 drop(net_rx);
@@ -939,7 +945,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         // Dumpable only until the supervisor has written the id maps, which it does through
         // our /proc files; then nobody in the jail may read init's memory (a copy of the
         // supervisor's) or its /proc files.
-        if !wait_byte(&maps_rx) {
+        if !joined_first && !wait_byte(&maps_rx) {
             sys::exit_now(125)
         }
         let _ = nix::sys::prctl::set_dumpable(false);

@@ -463,6 +463,12 @@ pub fn supervise(
         on_demand,
     )?;
     jail::mark("ended");
+    if code == 128 + libc::SIGKILL as u8 && _cgroup.as_ref().is_some_and(|c| c.oom_killed()) {
+        eprintln!(
+            "sigma-supervise: the proc ran out of memory: the kernel killed it at its --memory \
+             limit"
+        );
+    }
     if code < 128 {
         // Not for a proc killed by a signal: the user wants the run over.
         sh.resolver.finish();

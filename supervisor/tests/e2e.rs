@@ -1194,3 +1194,84 @@ fn a_program_that_needs_no_decision_and_never_calls_the_sigma_api_starts_no_thre
     assert_eq!(stdout(&o), "1\n['sigma-notify', 'sigma-supervise']\n");
     assert_eq!(stderr(&o).matches("denied socket (pid ").count(), 1);
 }
+
+/// The host pids of `pid`'s children.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+#[test]
+fn memory_and_cpu_limits_hold_the_program_itself() {
+    // The program (forked by the jail's init) is in the limits' cgroup, not only init.
+    let mut c = sup()
+        .args(["--memory", "64M", "--cpus", "0.5", "sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let target = loop {
+        let grandchildren: Vec<u32> = children_of(c.id())
+            .into_iter()
+            .flat_map(children_of)
+            .collect();
+        if let Some(&t) = grandchildren.iter().find(|&&t| {
+            std::fs::read_to_string(format!("/proc/{t}/comm")).is_ok_and(|s| s.trim() == "sleep")
+        }) {
+            break Some(t);
+        }
+        if Instant::now() > deadline || c.try_wait().unwrap().is_some() {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let Some(target) = target else {
+        let _ = c.kill();
+        let o = c.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(
+            err.contains("no writable cgroup hierarchy"),
+            "the program never ran: {err}"
+        );
+        eprintln!("SKIPPED: no writable cgroup hierarchy here: {err}");
+        return;
+    };
+    let group = format!("sigma-supervise.{}", c.id());
+    let cgroups = std::fs::read_to_string(format!("/proc/{target}/cgroup")).unwrap();
+    let _ = c.kill();
+    let _ = c.wait();
+    for ctrl in ["memory", "cpu"] {
+        assert!(
+            cgroups.lines().any(|l| {
+                let f: Vec<&str> = l.splitn(3, ':').collect();
+                f.len() == 3
+                    && (f[1].is_empty() || f[1].split(',').any(|c| c == ctrl))
+                    && f[2].ends_with(&group)
+            }),
+            "{ctrl}: the program is not in {group}:\n{cgroups}"
+        );
+    }
+    // Its effect: past the limit the kernel kills the program, and the run says why.
+    let swap = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("SwapTotal:").map(|v| v.trim() != "0 kB"))
+        .unwrap_or(false);
+    if swap {
+        eprintln!("SKIPPED the OOM half: this machine swaps, so a memory limit pages out instead");
+        return;
+    }
+    let o = run(sup().args([
+        "--memory",
+        "64M",
+        "python3",
+        "-c",
+        "x = bytearray(256 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\nprint('survived')",
+    ]));
+    assert_eq!(o.status.code(), Some(137), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("survived"));
+    assert!(stderr(&o).contains("ran out of memory"), "{}", stderr(&o));
+}
