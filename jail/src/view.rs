@@ -152,6 +152,24 @@ fn too_broad(p: &Path) -> bool {
         || shared_tmp(p)
 }
 
+/// The terminal device on the supervisor's stdin, stdout or stderr (the proc inherits them).
+fn inherited_terminal() -> Option<PathBuf> {
+    use std::io::IsTerminal as _;
+    use std::os::unix::fs::FileTypeExt as _;
+    let fd = if std::io::stdin().is_terminal() {
+        0
+    } else if std::io::stdout().is_terminal() {
+        1
+    } else if std::io::stderr().is_terminal() {
+        2
+    } else {
+        return None;
+    };
+    let path = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+    let m = std::fs::metadata(&path).ok()?;
+    m.file_type().is_char_device().then_some(path)
+}
+
 /// Whether `p` is already visible through the system dirs.
 fn in_system(p: &Path) -> bool {
     SYSTEM_DIRS
@@ -194,6 +212,13 @@ impl ViewOptions {
             }
         }
         self.etc(&mut s);
+        // The terminal the proc inherits, where bwrap shows it too: its device at
+        // /dev/console, so ttyname(3) (`tty`, `os.ttyname`) finds it in the jail's /dev (whose
+        // devpts is an instance of its own). The proc holds it open already; the guard keeps
+        // TIOCSTI away from it.
+        if let Some(tty) = inherited_terminal() {
+            s.binds.push(Bind::ro(tty).at("/dev/console"));
+        }
         // The working directory first: what it shows read-write (a venv, the script) is not
         // shown again read-only below.
         let mode = match self.cwd_mode {

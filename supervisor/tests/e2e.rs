@@ -1275,3 +1275,28 @@ fn memory_and_cpu_limits_hold_the_program_itself() {
     assert!(!stdout(&o).contains("survived"));
     assert!(stderr(&o).contains("ran out of memory"), "{}", stderr(&o));
 }
+
+#[test]
+fn a_terminal_the_proc_inherits_has_a_name_in_the_jail() {
+    // script(1) runs the supervisor on a fresh pseudo-terminal: ttyname(3) in the jail finds
+    // it (the jail's devpts is its own instance, so its /dev/pts/N would not).
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no script(1) here (util-linux) to make a terminal");
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_sigma-supervise");
+    let o = run(Command::new("script").args([
+        "-qec",
+        &format!("{bin} /bin/sh -c 'tty && test -t 0 && echo on-a-terminal'"),
+        "/dev/null",
+    ]));
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert!(out.contains("/dev/console"), "{out}");
+    assert!(out.contains("on-a-terminal"), "{out}");
+    // Without a terminal nothing is shown there.
+    let o = run(sup()
+        .args(["/bin/sh", "-c", "test -e /dev/console || echo none"])
+        .stdin(Stdio::null()));
+    assert_eq!(stdout(&o), "none\n");
+}
