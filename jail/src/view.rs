@@ -32,7 +32,10 @@ pub enum CwdMode {
 /// user's files) or the system itself (`/etc`, `/usr`, `/var`, ...). Started by root, a shown
 /// working directory is idmapped: root's files in it would be the proc's own to rewrite.
 pub fn cwd_withheld(cwd: &Path) -> Option<&'static str> {
-    if shared_tmp(cwd) {
+    if cwd == Path::new("/") {
+        // The proc starts at its own root: nothing of the host's is there to withhold.
+        None
+    } else if shared_tmp(cwd) {
         Some("a temporary directory every user shares")
     } else if too_broad(cwd) {
         Some("a home directory or a directory of homes")
@@ -415,8 +418,9 @@ mod tests {
 
     #[test]
     fn a_home_a_shared_tmp_or_a_system_directory_is_not_shown_as_the_cwd() {
+        // `/` is never shown (the proc has a root of its own), and nothing is said about it.
+        assert_eq!(cwd_withheld(Path::new("/")), None);
         for d in [
-            "/",
             "/root",
             "/home",
             "/home/alice",
