@@ -7,7 +7,8 @@
 //!
 //! ```text
 //! supervisor ── clone(NEWUSER|NEWNS|NEWPID|NEWIPC|NEWUTS|NEWCGROUP) ──▶ init (pid 1)
-//!     writes uid_map/gid_map                 │ forks the target, clones the bind sources
+//!     writes uid_map/gid_map, moves init     │ forks the target (with limits, once moved
+//!     into the limits' cgroup if any         │ into their cgroup), clones the bind sources
 //!                                            │ (open_tree), takes the proc's ids once mapped,
 //!                                            │ mounts a tmpfs root, attaches binds, /dev,
 //!                                            │ /proc, /tmp, curated /etc, hides, pivot_root,

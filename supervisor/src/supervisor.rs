@@ -444,7 +444,7 @@ pub fn supervise(
     let pid = child.pid;
     let jailed = child.jailed;
     let display = child.display.clone();
-    let _cgroup = child.cgroup.take();
+    let cgroup = child.cgroup.take();
     let _host_lock = child.host_lock.take();
     let ended = child.ended_rx.take();
     if let Err(errno) = child.exec_result() {
@@ -463,7 +463,7 @@ pub fn supervise(
         on_demand,
     )?;
     jail::mark("ended");
-    if code == 128 + libc::SIGKILL as u8 && _cgroup.as_ref().is_some_and(|c| c.oom_killed()) {
+    if code == 128 + libc::SIGKILL as u8 && cgroup.as_ref().is_some_and(|c| c.oom_killed()) {
         eprintln!(
             "sigma-supervise: the proc ran out of memory: the kernel killed it at its --memory \
              limit"
