@@ -29,8 +29,10 @@ pub enum CwdMode {
 
 /// Why the working directory `cwd` is not shown by default, or `None` when it is: a directory
 /// that holds more than the user's project (`~` with its keys and dotfiles, `/tmp` with every
-/// user's files) or the system itself (`/etc`, `/usr`, `/var`, ...). Started by root, a shown
-/// working directory is idmapped: root's files in it would be the proc's own to rewrite.
+/// user's files) or, for a supervisor started by root, the system itself (`/etc`, `/usr`,
+/// `/var`, ...): root's working directory is idmapped, so root's files in it would be the
+/// proc's own to rewrite. An ordinary user's proc has no more rights there than the user (a
+/// service's workspace under `/var/lib` stays shown).
 pub fn cwd_withheld(cwd: &Path) -> Option<&'static str> {
     if cwd == Path::new("/") {
         // The proc starts at its own root: nothing of the host's is there to withhold.
@@ -39,8 +41,9 @@ pub fn cwd_withheld(cwd: &Path) -> Option<&'static str> {
         Some("a temporary directory every user shares")
     } else if too_broad(cwd) {
         Some("a home directory or a directory of homes")
-    } else if is_system_path(cwd)
-        || (SYSTEM_TREES.iter().any(|d| cwd.starts_with(d)) && !under_shared_tmp(cwd))
+    } else if nix::unistd::geteuid().is_root()
+        && (is_system_path(cwd)
+            || (SYSTEM_TREES.iter().any(|d| cwd.starts_with(d)) && !under_shared_tmp(cwd)))
     {
         Some("a system directory")
     } else {
@@ -420,16 +423,13 @@ mod tests {
     fn a_home_a_shared_tmp_or_a_system_directory_is_not_shown_as_the_cwd() {
         // `/` is never shown (the proc has a root of its own), and nothing is said about it.
         assert_eq!(cwd_withheld(Path::new("/")), None);
-        for d in [
-            "/root",
-            "/home",
-            "/home/alice",
-            "/tmp",
-            "/etc",
-            "/usr/lib",
-            "/var/lib",
-        ] {
+        for d in ["/root", "/home", "/home/alice", "/tmp"] {
             assert!(cwd_withheld(Path::new(d)).is_some(), "{d}");
+        }
+        // System directories: for root (whose working directory is idmapped) only.
+        let root = nix::unistd::geteuid().is_root();
+        for d in ["/etc", "/usr/lib", "/var/lib"] {
+            assert_eq!(cwd_withheld(Path::new(d)).is_some(), root, "{d}");
         }
         let project = tempfile_dir("withheld");
         assert_eq!(cwd_withheld(&project), None);
@@ -449,10 +449,12 @@ mod tests {
         );
         assert_eq!(s.dirs, [PathBuf::from("/root")]);
         assert_eq!(s.workdir.as_deref(), Some(Path::new("/root")));
-        // The system view's own directory: no new one.
-        let s = view(Path::new("/usr/lib"), CwdMode::Auto).spec();
-        assert!(s.dirs.is_empty() && !s.binds.iter().any(|b| b.rw), "{s:?}");
-        assert_eq!(s.workdir.as_deref(), Some(Path::new("/usr/lib")));
+        // Root's run in the system view's own directory: no new one, nothing writable.
+        if root {
+            let s = view(Path::new("/usr/lib"), CwdMode::Auto).spec();
+            assert!(s.dirs.is_empty() && !s.binds.iter().any(|b| b.rw), "{s:?}");
+            assert_eq!(s.workdir.as_deref(), Some(Path::new("/usr/lib")));
+        }
         // Asked for, it is shown; a project directory is shown by default.
         let s = view(Path::new("/root"), CwdMode::Rw).spec();
         assert!(s.binds.iter().any(|b| b.dst == Path::new("/root") && b.rw));

@@ -13,8 +13,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CwdArg {
     /// Read-write, unless it is a home directory, a temporary directory every user shares or
-    /// a system directory: then not shown (the proc starts at its path, in an empty read-only
-    /// directory holding only the files the command line names there).
+    /// (started by root) a system directory: then not shown (the proc starts at its path, in an
+    /// empty read-only directory holding only the files the command line names there).
     Auto,
     /// Read-write (the proc may write where the user chose to run it), wherever that is.
     Rw,

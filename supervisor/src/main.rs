@@ -41,9 +41,9 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// The proc runs in a σcontainer: its own user, mount, pid, network, IPC and UTS namespaces, as
 /// an unprivileged uid with no capabilities, in a fresh root that shows read-only /usr, /lib*,
 /// /bin, a curated /etc, the interpreter's prefix and the script's directory, the working
-/// directory read-write unless it is a home, a shared /tmp or a system directory (--cwd
-/// rw|ro|none), a private /tmp, a minimal /dev and its own /proc. The
-/// supervisor's cache, buckets and state are never visible. --bind/--bind-rw add host paths;
+/// directory read-write unless it is a home, a shared /tmp or (for root) a system directory
+/// (--cwd rw|ro|none), a private /tmp, a minimal /dev and its own /proc. The supervisor's
+/// cache, buckets and state are never visible. --bind/--bind-rw add host paths;
 /// with --trace or --stats, a write refused because the jail shows a directory read-only gets a
 /// one-line hint naming the flag that makes it writable. Landlock and the seccomp list are
 /// further layers. A PROGRAM that collides with a subcommand name (`publish`) can be given
