@@ -16,15 +16,17 @@ use std::path::{Path, PathBuf};
 /// How the working directory appears in the jail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CwdMode {
-    /// Read-write, unless [`cwd_withheld`] says it is not a place to show (a home, a shared
-    /// temporary directory, a system directory): then as [`CwdMode::None`], the proc starting
-    /// at the same path in an empty read-only directory that holds only the files the command
-    /// line names there.
+    /// [`CwdMode::Withheld`] where [`cwd_withheld`] says it is not a place to show (a home, a
+    /// shared temporary directory, a system directory), else [`CwdMode::Rw`].
     #[default]
     Auto,
     Rw,
     Ro,
     None,
+    /// Not shown, but the proc starts at the same path, in an empty read-only directory that
+    /// holds only the files the command line names there (the decision of [`CwdMode::Auto`],
+    /// for a caller that has made it already).
+    Withheld,
 }
 
 /// Why the working directory `cwd` is not shown by default, or `None` when it is: a directory
@@ -39,7 +41,7 @@ pub fn cwd_withheld(cwd: &Path) -> Option<&'static str> {
         None
     } else if shared_tmp(cwd) {
         Some("a temporary directory every user shares")
-    } else if too_broad(cwd) {
+    } else if home_like(cwd) {
         Some("a home directory or a directory of homes")
     } else if nix::unistd::geteuid().is_root()
         && (is_system_path(cwd)
@@ -147,15 +149,19 @@ fn is_home(p: &Path) -> bool {
             == Some(p)
 }
 
-/// A directory too broad to show whole: `/`, a home directory, `/home`, `/root`, a temporary
-/// directory every user shares.
+/// A directory too broad to show whole: [`home_like`], or a temporary directory every user
+/// shares.
 fn too_broad(p: &Path) -> bool {
+    home_like(p) || shared_tmp(p)
+}
+
+/// `/`, a home directory, `/home`, `/root`.
+fn home_like(p: &Path) -> bool {
     p == Path::new("/")
         || p == Path::new("/home")
         || p == Path::new("/root")
         || p.parent() == Some(Path::new("/home"))
         || is_home(p)
-        || shared_tmp(p)
 }
 
 /// The terminal device on the supervisor's stdin, stdout or stderr (the proc inherits them).
@@ -228,7 +234,13 @@ impl ViewOptions {
         // The working directory first: what it shows read-write (a venv, the script) is not
         // shown again read-only below.
         let mode = match self.cwd_mode {
-            CwdMode::Auto if cwd_withheld(&self.cwd).is_some() => {
+            CwdMode::Auto if cwd_withheld(&self.cwd).is_some() => CwdMode::Withheld,
+            CwdMode::Auto => CwdMode::Rw,
+            mode => mode,
+        };
+        match mode {
+            CwdMode::None | CwdMode::Auto => {}
+            CwdMode::Withheld => {
                 // Not shown, but the proc starts where the user is: in the system view's
                 // directory of that name (`/usr/lib`, `/etc`, the private `/tmp`), else in an
                 // empty read-only directory at that path, holding what the command line named
@@ -243,13 +255,7 @@ impl ViewOptions {
                     s.dirs.push(c.clone());
                     s.workdir = Some(c.clone());
                 }
-                CwdMode::None
             }
-            CwdMode::Auto => CwdMode::Rw,
-            mode => mode,
-        };
-        match mode {
-            CwdMode::None => {}
             _ if self.cwd == Path::new("/") => {}
             mode => {
                 let b = Bind::ro(&self.cwd).idmapped();
@@ -390,14 +396,7 @@ mod tests {
 
     #[test]
     fn etc_is_an_allow_list_without_secrets() {
-        let v = ViewOptions {
-            program: "/usr/bin/true".into(),
-            args: vec!["true".into()],
-            cwd: "/".into(),
-            cwd_mode: CwdMode::Rw,
-            uid: 1000,
-            gid: 1000,
-        };
+        let v = run_of("/usr/bin/true", "/", CwdMode::Rw);
         let s = v.spec();
         for secret in ["shadow", "gshadow", "sudoers", "ssh", "ssl/private"] {
             let p = Path::new("/etc").join(secret);
@@ -433,14 +432,7 @@ mod tests {
         }
         let project = tempfile_dir("withheld");
         assert_eq!(cwd_withheld(&project), None);
-        let view = |cwd: &Path, mode| ViewOptions {
-            program: "/usr/bin/true".into(),
-            args: vec!["true".into()],
-            cwd: cwd.into(),
-            cwd_mode: mode,
-            uid: 1000,
-            gid: 1000,
-        };
+        let view = |cwd: &Path, mode| run_of("/usr/bin/true", cwd, mode);
         // By default the home is an empty directory the proc starts in, not a bind.
         let s = view(Path::new("/root"), CwdMode::Auto).spec();
         assert!(
@@ -468,14 +460,7 @@ mod tests {
         let dir = tempfile_dir("venv");
         std::fs::create_dir_all(dir.join("v/bin")).unwrap();
         std::fs::write(dir.join("v/bin/python"), b"").unwrap();
-        let view = |mode| ViewOptions {
-            program: dir.join("v/bin/python"),
-            args: vec!["python".into()],
-            cwd: dir.clone(),
-            cwd_mode: mode,
-            uid: 1000,
-            gid: 1000,
-        };
+        let view = |mode| run_of(dir.join("v/bin/python"), &dir, mode);
         let shown = |s: &JailSpec| -> Vec<(PathBuf, bool)> {
             s.binds
                 .iter()
@@ -493,27 +478,28 @@ mod tests {
 
     #[test]
     fn a_program_in_a_directory_too_broad_to_show_is_shown_alone() {
-        let v = ViewOptions {
-            program: "/bin/sh".into(),
-            args: vec!["sh".into()],
-            cwd: "/".into(),
-            cwd_mode: CwdMode::None,
-            uid: 1000,
-            gid: 1000,
-        };
         // A program straight in a shared temporary directory: the file, not the directory.
         let tmp = std::env::temp_dir();
         let prog = tmp.join(format!("view-prog-{}", std::process::id()));
         std::fs::write(&prog, b"").unwrap();
-        let s = ViewOptions {
-            program: prog.clone(),
-            ..v
-        }
-        .spec();
+        let s = run_of(&prog, "/", CwdMode::None).spec();
         std::fs::remove_file(&prog).unwrap();
         if shared_tmp(&tmp) {
             assert!(s.binds.iter().any(|b| b.src == prog), "{:?}", s.binds);
             assert!(!s.binds.iter().any(|b| b.src == tmp), "{:?}", s.binds);
+        }
+    }
+
+    /// The view of `program` (with no arguments) run from `cwd`, as uid/gid 1000.
+    fn run_of(program: impl Into<PathBuf>, cwd: impl Into<PathBuf>, mode: CwdMode) -> ViewOptions {
+        let program = program.into();
+        ViewOptions {
+            args: vec![program.clone().into()],
+            program,
+            cwd: cwd.into(),
+            cwd_mode: mode,
+            uid: 1000,
+            gid: 1000,
         }
     }
 
@@ -528,15 +514,7 @@ mod tests {
         let dir = tempfile_dir("rel");
         std::fs::create_dir_all(dir.join("tools")).unwrap();
         std::fs::write(dir.join("tools/run"), b"").unwrap();
-        let v = ViewOptions {
-            program: "./tools/run".into(),
-            args: vec!["./tools/run".into()],
-            cwd: dir.clone(),
-            cwd_mode: CwdMode::None,
-            uid: 1000,
-            gid: 1000,
-        };
-        let s = v.spec();
+        let s = run_of("./tools/run", &dir, CwdMode::None).spec();
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(s.binds.iter().all(|b| b.src.is_absolute()), "{:?}", s.binds);
         assert!(

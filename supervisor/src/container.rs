@@ -53,6 +53,10 @@ pub struct JailOpts {
     #[arg(long, value_enum, default_value_t = CwdArg::Auto)]
     pub cwd: CwdArg,
 
+    /// `--cwd auto`'s decision ([`JailOpts::withheld_cwd`]).
+    #[arg(skip)]
+    withheld: std::sync::OnceLock<Option<(PathBuf, &'static str)>>,
+
     /// The proc's network.
     #[arg(long, value_enum, default_value_t = NetArg::None)]
     pub net: NetArg,
@@ -150,14 +154,19 @@ impl JailOpts {
         self.bind.iter().map(|b| bind_dst(b)).collect()
     }
 
-    /// The working directory, when the default `--cwd auto` does not show it, and why.
+    /// The working directory, when the default `--cwd auto` does not show it, and why: decided
+    /// once per run (for the jail, its line on stderr and the hints).
     pub fn withheld_cwd(&self) -> Option<(PathBuf, &'static str)> {
-        if self.no_jail || self.cwd != CwdArg::Auto {
-            return None;
-        }
-        let cwd = std::env::current_dir().ok()?;
-        let why = jail::view::cwd_withheld(&cwd)?;
-        Some((cwd, why))
+        self.withheld
+            .get_or_init(|| {
+                if self.no_jail || self.cwd != CwdArg::Auto {
+                    return None;
+                }
+                let cwd = std::env::current_dir().ok()?;
+                let why = jail::view::cwd_withheld(&cwd)?;
+                Some((cwd, why))
+            })
+            .clone()
     }
 
     /// The jail for this run, or `None` with `--no-jail` (after a warning).
@@ -176,7 +185,8 @@ impl JailOpts {
             return Ok(None);
         }
         let cwd = std::env::current_dir().context("current dir")?;
-        if let Some((dir, why)) = self.withheld_cwd() {
+        let withheld = self.withheld_cwd();
+        if let Some((dir, why)) = &withheld {
             eprintln!(
                 "sigma-supervise: the working directory {} is {why}: the proc starts there \
                  without it, seeing only the files its command line names (--cwd rw shows it)",
@@ -188,7 +198,8 @@ impl JailOpts {
             args: command.to_vec(),
             cwd,
             cwd_mode: match self.cwd {
-                CwdArg::Auto => jail::CwdMode::Auto,
+                CwdArg::Auto if withheld.is_some() => jail::CwdMode::Withheld,
+                CwdArg::Auto => jail::CwdMode::Rw,
                 CwdArg::Rw => jail::CwdMode::Rw,
                 CwdArg::Ro => jail::CwdMode::Ro,
                 CwdArg::None => jail::CwdMode::None,
