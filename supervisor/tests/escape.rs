@@ -167,9 +167,14 @@ fn secret_file() -> (tempfile::TempDir, PathBuf) {
     let d = tempfile::tempdir().unwrap();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let f = d.path().join("secret.txt");
-    std::fs::write(&f, SECRET).unwrap();
-    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
+    write_with_mode(&f, SECRET, 0o666);
     (d, f)
+}
+
+/// `contents` at `path`, with `mode` whatever the umask.
+fn write_with_mode(path: &Path, contents: &str, mode: u32) {
+    std::fs::write(path, contents).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
 /// A long-lived decoy process outside the jail, owned by the same host user as the proc.
@@ -302,8 +307,7 @@ fn a_working_directory_that_is_a_home_or_shared_is_not_shown() {
         let (rc, key) = (w.path().join(".bashrc"), w.path().join(".ssh/id_ed25519"));
         std::fs::write(&rc, "# the user's shell start-up\n").unwrap();
         std::fs::create_dir_all(key.parent().unwrap()).unwrap();
-        std::fs::write(&key, SECRET).unwrap();
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_with_mode(&key, SECRET, 0o644);
         let (rc_s, key_s) = (rc.display().to_string(), key.display().to_string());
         let c = ctx.command_with_home(
             w.path(),
@@ -339,10 +343,8 @@ fn a_working_directory_that_is_a_home_or_shared_is_not_shown() {
         let t = tempfile::tempdir().unwrap();
         std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
         let (left, theirs) = (t.path().join("left.txt"), t.path().join("theirs.txt"));
-        std::fs::write(&left, SECRET).unwrap();
-        std::fs::set_permissions(&left, std::fs::Permissions::from_mode(0o644)).unwrap();
-        std::fs::write(&theirs, "theirs\n").unwrap();
-        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o666)).unwrap();
+        write_with_mode(&left, SECRET, 0o644);
+        write_with_mode(&theirs, "theirs\n", 0o666);
         let o = ctx.run(t.path(), &[], &["read_secret", "left.txt"]);
         assert!(
             !out(&o).contains(SECRET),

@@ -127,16 +127,21 @@ fn listdir(dir: &Path) -> Vec<String> {
     v
 }
 
+/// A `file://` bucket at `dir/bucket` with `what` published.
+fn bucket_with(dir: &Path, what: &[&Path]) -> String {
+    let bucket_dir = dir.join("bucket");
+    std::fs::create_dir_all(&bucket_dir).unwrap();
+    let bucket = format!("file://{}", bucket_dir.display());
+    publish(&bucket, &[], what);
+    bucket
+}
+
 /// A `file://` bucket under `dir` with two small packages published, `demo_a` and `demo_b`.
 fn two_package_bucket(dir: &Path) -> String {
     let src = dir.join("src");
     let a = common::make_pkg(&src, "demo_a", 10_000);
     let b = common::make_pkg(&src, "demo_b", 10_000);
-    let bucket_dir = dir.join("bucket");
-    std::fs::create_dir_all(&bucket_dir).unwrap();
-    let bucket = format!("file://{}", bucket_dir.display());
-    publish(&bucket, &[], &[&a, &b]);
-    bucket
+    bucket_with(dir, &[&a, &b])
 }
 
 #[test]
@@ -146,10 +151,7 @@ fn a_single_module_is_published_and_imported_from_the_realm() {
     std::fs::create_dir_all(&src).unwrap();
     let module = src.join("onefile_mod.py");
     std::fs::write(&module, "V = 7\n").unwrap();
-    let bucket_dir = tmp.path().join("bucket");
-    std::fs::create_dir_all(&bucket_dir).unwrap();
-    let bucket = format!("file://{}", bucket_dir.display());
-    publish(&bucket, &[], &[&module]);
+    let bucket = bucket_with(tmp.path(), &[&module]);
     let cache = tmp.path().join("cache");
     let r = Realm {
         name: "m",
