@@ -2,9 +2,10 @@
 //! kernel applies the most restrictive answer of all filters, and ERRNO outranks the profile's
 //! user-notify). It refuses, by argument, what the jail's files and terminal must never allow,
 //! whatever the profile:
-//! - setuid/setgid mode bits (`chmod` family, `open`/`creat` with `O_CREAT`, `mknod`): files the
-//!   proc writes through an idmapped bind belong to the host user on disk, and a setuid file
-//!   there would be a way out;
+//! - setuid/setgid mode bits (`chmod` family, `open`/`creat` with `O_CREAT` or `O_TMPFILE`,
+//!   `mknod`): files the proc writes through an idmapped bind belong to the host user on disk,
+//!   and a setuid file there would be a way out (even an empty one: a host process that later
+//!   writes into it with `CAP_FSETID`, a root shell's `>` say, keeps the bit);
 //! - `openat2` (its mode is in a struct a filter cannot read): ENOSYS, so libcs fall back;
 //! - `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`: pushing input into the terminal the proc shares
 //!   with the user's shell.
@@ -13,6 +14,9 @@ use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, S
 const SUID: u64 = libc::S_ISUID as u64;
 const SGID: u64 = libc::S_ISGID as u64;
 const O_CREAT: u64 = libc::O_CREAT as u64;
+/// `O_TMPFILE` whole (it includes `O_DIRECTORY`'s bit): its mode is the unnamed file's, which
+/// `linkat` can then give a name.
+const O_TMPFILE: u64 = libc::O_TMPFILE as u64;
 
 /// A compiled guard, ready to load in the target.
 #[derive(Debug, Clone)]
@@ -54,8 +58,10 @@ impl Guard {
             rule(name, eperm, &[bit(mode_arg, SGID)])?;
         }
         for (name, flags_arg, mode_arg) in [("open", 1, 2), ("openat", 2, 3)] {
-            rule(name, eperm, &[bit(flags_arg, O_CREAT), bit(mode_arg, SUID)])?;
-            rule(name, eperm, &[bit(flags_arg, O_CREAT), bit(mode_arg, SGID)])?;
+            for creates in [O_CREAT, O_TMPFILE] {
+                rule(name, eperm, &[bit(flags_arg, creates), bit(mode_arg, SUID)])?;
+                rule(name, eperm, &[bit(flags_arg, creates), bit(mode_arg, SGID)])?;
+            }
         }
         for (name, mode_arg) in [("mknod", 1), ("mknodat", 2)] {
             rule(name, eperm, &[bit(mode_arg, SUID)])?;

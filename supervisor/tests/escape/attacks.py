@@ -48,6 +48,14 @@ def setuid(dirpath):
     if isinstance(fd, int):
         attempt("fchmod 4755", lambda: os.fchmod(fd, 0o4755))
     attempt("mknod 4755", lambda: os.mknod(os.path.join(dirpath, "suid3"), 0o104755))
+    # An unnamed file made with the bits, then given a name (linkat through /proc follows the
+    # fd's link). Left empty, since a write by the proc would clear the bits: a host process
+    # writing into it later as root would keep them.
+    for mode in (0o4755, 0o2755):
+        fd = attempt(f"O_TMPFILE {mode:o}", lambda mode=mode: os.open(dirpath, os.O_TMPFILE | os.O_WRONLY, mode))
+        if isinstance(fd, int):
+            name = os.path.join(dirpath, f"tmpfile{mode:o}").encode()
+            attempt("linkat O_TMPFILE", lambda: sys_call(265, -100, f"/proc/self/fd/{fd}".encode(), -100, name, 0x400))
     attempt("chown root", lambda: os.chown(target, 0, 0))
 
 
