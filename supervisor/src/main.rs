@@ -274,17 +274,30 @@ fn main() -> ExitCode {
     if let Some(Sub::Publish(args)) = &cli.sub {
         return publish::main(args);
     }
-    let code = match run(cli) {
-        Ok(code) => {
+    let end = match run(cli) {
+        Ok(end) => {
             jail::mark("finished");
-            code
+            end
         }
         Err(failure) => {
             eprintln!("sigma-supervise: {:#}", failure.error);
-            failure.code
+            jail::init::Ended::Exited(failure.code)
         }
     };
-    exit_flushed(code)
+    if let jail::init::Ended::Killed(sig) = end {
+        // Die of the program's signal, as the program did bare: a shell that waits for the
+        // run tells a ^C from an exit status of 130 (bash ends a loop or script only for the
+        // former) and names the signal ("Killed", "Segmentation fault").
+        flush_stdio();
+        sys::die_of(i32::from(sig));
+    }
+    exit_flushed(end.code())
+}
+
+fn flush_stdio() {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
 }
 
 /// Ends the process without the C runtime's teardown: stdio flushed, then `_exit`. Nothing is
@@ -292,9 +305,7 @@ fn main() -> ExitCode {
 /// the allocator's exit handler would hand back its memory a region at a time (each a TLB
 /// shootdown across CPUs) while the kernel drops the whole address space at once.
 fn exit_flushed(code: u8) -> ! {
-    use std::io::Write as _;
-    let _ = std::io::stdout().flush();
-    let _ = std::io::stderr().flush();
+    flush_stdio();
     sys::exit_now(i32::from(code))
 }
 
@@ -325,7 +336,7 @@ fn trace_hint(f: Failure, cli: &Cli) -> Failure {
     f
 }
 
-fn run(cli: Cli) -> Result<u8, Failure> {
+fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
     let program = spawn::find_program(&cli.command[0]).map_err(|f| trace_hint(f, &cli))?;
     // A realm's lib dir is one more served dir (see realm.rs), on the target's PYTHONPATH.
     let mut realm = realm::RealmPlan::new(&cli.realm)?;

@@ -313,10 +313,15 @@ impl SigmaApi {
     }
 
     /// End of run: the Exited line, the `--stats` line, and the `--require-started` check.
-    /// Returns the exit status to report.
-    pub fn finish(&self, code: u8, want_stats: bool, require_started: bool) -> Result<u8, Failure> {
+    /// Returns how the run ends.
+    pub fn finish(
+        &self,
+        end: jail::init::Ended,
+        want_stats: bool,
+        require_started: bool,
+    ) -> Result<jail::init::Ended, Failure> {
         let Some(st) = self.proc_state() else {
-            return Ok(code);
+            return Ok(end);
         };
         if let Some((status, msg)) = &st.exited {
             eprintln!("sigma-supervise: {}", exited_line(*status, msg));
@@ -327,12 +332,13 @@ impl SigmaApi {
         if require_started && !st.started {
             return Err(Failure {
                 error: anyhow!(
-                    "--require-started: the proc never called Started (program exit status {code})"
+                    "--require-started: the proc never called Started (program exit status {})",
+                    end.code()
                 ),
                 code: NOT_STARTED_EXIT,
             });
         }
-        Ok(code)
+        Ok(end)
     }
 }
 

@@ -874,15 +874,12 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
     .context("socketpair")?;
     let (go_rx, go_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
     let (exec_rx, exec_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
-    // init's word that the proc is over (see jail::init). Not with a cgroup: removing it must
-    // wait until init itself has left.
-    let (ended_rx, ended_tx) = match &cgroup {
-        None => {
-            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
-            (Some(r), Some(w))
-        }
-        Some(_) => (None, None),
-    };
+    // init's word of how the program ended (see jail::init). With a cgroup the supervisor still
+    // waits for init itself to leave (removing the group must wait until it has).
+    // Non-blocking: the report is read once init has gone too, when it may not be there.
+    let (ended_rx, ended_tx) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+            .context("pipe2")?;
     jail::mark("clone");
     let pid = jail::clone_into_namespaces(&plan.spec)
         .map_err(|e| anyhow!("cannot create the jail's namespaces: {}", e.desc()))?;
@@ -974,11 +971,8 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         jail::mark("world-final");
         let _ = nix::unistd::write(&world_tx, b"f");
         // init keeps nothing of the target's: no pipe, no inherited socket.
-        match &ended_tx {
-            Some(fd) => jail::close_fds_from_except(3, fd.as_fd()),
-            None => jail::close_fds_from(3),
-        }
-        jail::init::run(target, &handled_signals(), grace, ended_tx)
+        jail::close_fds_from_except(3, ended_tx.as_fd());
+        jail::init::run(target, &handled_signals(), grace, Some(ended_tx))
     }
     drop(ended_tx);
     drop(status_tx);
@@ -1048,7 +1042,7 @@ fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Child, Failure>
         listener,
         status_rx: exec_rx,
         go_tx,
-        ended_rx,
+        ended_rx: Some(ended_rx),
         cgroup,
         host_lock: plan.spec.host_lock.take(),
         jailed: true,

@@ -16,6 +16,7 @@ use crate::spawn::{handled_signals, Child};
 use crate::stats::{self, Decision, Stats, TraceSink, MAX_SYSCALL};
 use crate::{sys, Failure};
 use anyhow::{anyhow, Context as _};
+use jail::init::Ended;
 use nix::errno::Errno;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use notify::{Listener, Notification, Response};
@@ -195,14 +196,6 @@ fn receive_loop(sh: Arc<Shared>, pin_cpu: Option<usize>) {
     }
 }
 
-fn exit_code(status: WaitStatus) -> Option<u8> {
-    match status {
-        WaitStatus::Exited(_, code) => Some(code as u8),
-        WaitStatus::Signaled(_, sig, _) => Some(128u8.wrapping_add(sig as i32 as u8)),
-        _ => None,
-    }
-}
-
 /// Work the supervisor starts on the first sign of need: once its fd is readable (a request
 /// waits, or the peer hung up), [`OnDemand::readable`] starts it or finds it unneeded (`None`),
 /// or finds nothing there yet (`Some`: go on watching).
@@ -275,8 +268,12 @@ fn wait_all(
     grace: Duration,
     only_main: bool,
     mut ended: Option<std::os::fd::BorrowedFd<'_>>,
+    wait_for_init: bool,
     mut on_demand: Vec<Box<dyn OnDemand>>,
-) -> anyhow::Result<u8> {
+) -> anyhow::Result<Ended> {
+    // init's report, kept while init itself is waited for (`wait_for_init`): its own exit
+    // status cannot tell a signal from an exit status of 128+N.
+    let mut reported = None;
     let set = handled_signals();
     let signals = nix::sys::signalfd::SignalFd::with_flags(
         &set,
@@ -298,10 +295,15 @@ fn wait_all(
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(status) => {
                     if status.pid().map(|p| p.as_raw()) == Some(main_pid) {
-                        if let Some(c) = exit_code(status) {
-                            main_status = Some(c);
+                        if let Some(e) = Ended::of(status) {
+                            main_status = Some(e);
                             if only_main {
-                                return Ok(c);
+                                // init gone before its report was read: it is in the pipe.
+                                if reported.is_none() {
+                                    reported =
+                                        ended.and_then(|fd| sys::read_report(fd).ok()).flatten();
+                                }
+                                return Ok(reported.unwrap_or(e));
                             }
                         }
                     }
@@ -323,9 +325,14 @@ fn wait_all(
         let watch: Vec<_> = on_demand.iter().map(|w| w.as_fd()).collect();
         let waited = match sys::wait_signal_or_fds(&signals, ended, &watch, left) {
             Ok(sys::Woke::Signal(sig, code)) => Ok((sig, code)),
-            Ok(sys::Woke::Byte(Some(code))) => return Ok(code),
+            Ok(sys::Woke::Report(Some(e))) if !wait_for_init => return Ok(e),
+            Ok(sys::Woke::Report(Some(e))) => {
+                reported = Some(e);
+                ended = None;
+                continue;
+            }
             // init died without a word (killed): its reaping tells.
-            Ok(sys::Woke::Byte(None)) => {
+            Ok(sys::Woke::Report(None)) => {
                 ended = None;
                 continue;
             }
@@ -374,8 +381,8 @@ fn wait_all(
     }
 }
 
-/// Run the loop for `child` until every supervised process is gone; returns the exit status a
-/// shell would report for the main child. Processes left when the main child exits get
+/// Run the loop for `child` until every supervised process is gone; returns how the main child
+/// ended. Processes left when the main child exits get
 /// SIGTERM, then SIGKILL after `grace`.
 #[allow(clippy::too_many_arguments)]
 pub fn supervise(
@@ -390,7 +397,7 @@ pub fn supervise(
     hints: Option<crate::readonly::Hints>,
     mut on_demand: Vec<Box<dyn OnDemand>>,
     notify_on_demand: bool,
-) -> Result<u8, Failure> {
+) -> Result<Ended, Failure> {
     let started = Instant::now();
     let (kinds, warnings) = policy.kinds(MAX_SYSCALL)?;
     for w in warnings {
@@ -448,21 +455,23 @@ pub fn supervise(
     let _host_lock = child.host_lock.take();
     let ended = child.ended_rx.take();
     if let Err(errno) = child.exec_result() {
-        let _ = wait_all(pid, grace, jailed, None, on_demand);
+        let _ = wait_all(pid, grace, jailed, None, false, on_demand);
         let e = Errno::from_raw(errno);
         return Err(Failure {
             error: anyhow!("cannot execute {display}: {}", e.desc()),
             code: if e == Errno::ENOENT { 127 } else { 126 },
         });
     }
-    let code = wait_all(
+    let end = wait_all(
         pid,
         grace,
         jailed,
         ended.as_ref().map(|f| f.as_fd()),
+        cgroup.is_some(),
         on_demand,
     )?;
     jail::mark("ended");
+    let code = end.code();
     if code == 128 + libc::SIGKILL as u8 && cgroup.as_ref().is_some_and(|c| c.oom_killed()) {
         eprintln!(
             "sigma-supervise: the proc ran out of memory: the kernel killed it at its --memory \
@@ -497,5 +506,5 @@ pub fn supervise(
             eprint!("{r}");
         }
     }
-    Ok(code)
+    Ok(end)
 }

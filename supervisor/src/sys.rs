@@ -34,6 +34,26 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// End this process by signal `sig`, without a core dump: its default action restored and the
+/// signal unblocked in this thread, then raised. A signal whose default is not to end the
+/// process ends it with 128+`sig`, the status a shell would show for it.
+pub fn die_of(sig: i32) -> ! {
+    use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal};
+    if let Ok(s) = Signal::try_from(sig) {
+        // No core of the supervisor for a program's SIGSEGV or SIGQUIT.
+        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
+        let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+        // SAFETY: restoring the default action installs no handler; SIGKILL's is refused with
+        // EINVAL, and it needs none.
+        let _ = unsafe { signal::sigaction(s, &dfl) };
+        let mut set = SigSet::empty();
+        set.add(s);
+        let _ = signal::pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None);
+        let _ = signal::raise(s);
+    }
+    exit_now(128i32.saturating_add(sig) & 0xff)
+}
+
 pub use notify::{pidfd_getfd, pidfd_open, PIDFD_THREAD};
 
 /// Take ownership of a descriptor that recvmsg(2) just received (SCM_RIGHTS).
@@ -150,12 +170,21 @@ pub enum Woke {
     /// A signal of the set: its number and `si_code`. SI_KERNEL marks signals a terminal sent
     /// to the whole foreground group (the child already got them).
     Signal(i32, i32),
-    /// The byte fd gave a byte, or `None` at its end.
-    Byte(Option<u8>),
+    /// The report fd gave init's report of how the program ended, or `None` at its end (or
+    /// for a report that is not one).
+    Report(Option<jail::init::Ended>),
     /// The watched fd of this index became readable (or its peer hung up); it was not read.
     Ready(usize),
     /// The timeout passed.
     Timeout,
+}
+
+/// Read init's report of how the program ended from its pipe (`None` at its end, or for a
+/// report that is not one). Once init has exited, this never blocks.
+pub fn read_report(fd: BorrowedFd<'_>) -> Result<Option<jail::init::Ended>, Errno> {
+    let mut b = [0u8; 2];
+    let n = nix::unistd::read(fd, &mut b)?;
+    Ok(jail::init::Ended::from_wire(&b[..n]))
 }
 
 /// Wait for a signal of the set `signals` reads (blocked in every thread), for a byte on
@@ -190,10 +219,8 @@ pub fn wait_signal_or_fds(
         return Ok(Woke::Ready(i));
     }
     if let Some(fd) = byte.filter(|_| fds.last().is_some_and(ready)) {
-        let mut b = [0u8; 1];
-        return match nix::unistd::read(fd, &mut b) {
-            Ok(0) => Ok(Woke::Byte(None)),
-            Ok(_) => Ok(Woke::Byte(Some(b[0]))),
+        return match read_report(fd) {
+            Ok(r) => Ok(Woke::Report(r)),
             Err(Errno::EAGAIN) | Err(Errno::EINTR) => Err(Errno::EINTR),
             Err(e) => Err(e),
         };
