@@ -309,6 +309,14 @@ impl ViewOptions {
                 }
             }
         }
+        // Every other path the command line names (an argument, or an option's value after
+        // `=`), read-only: `python3 job.py /data/in.csv` reads what it was given. A file alone;
+        // a directory whole, unless it is too broad to show; nothing in the system's own trees.
+        for a in self.args.iter().skip(1) {
+            if let Some(p) = named_path(a).and_then(|p| absolute(p, &self.cwd)) {
+                show_named(&mut s, &p);
+            }
+        }
         s
     }
 
@@ -358,6 +366,37 @@ fn absolute(p: &Path, cwd: &Path) -> Option<PathBuf> {
     } else {
         cwd.join(p)
     })
+}
+
+/// The path an argument names: the argument itself, or an option's value (`--data=PATH`);
+/// `None` for an option without one.
+fn named_path(a: &std::ffi::OsStr) -> Option<&Path> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let b = a.as_bytes();
+    if !b.starts_with(b"-") {
+        return Some(Path::new(a));
+    }
+    let eq = b.iter().position(|&c| c == b'=')?;
+    Some(Path::new(std::ffi::OsStr::from_bytes(&b[eq + 1..])))
+}
+
+/// Show a path the command line names (`abs`, absolute), where it exists: read-only, at its
+/// real path (as the script is: a mount point at a name given through a symlink could lie
+/// inside another bind, on the host).
+fn show_named(s: &mut JailSpec, abs: &Path) {
+    let Ok(real) = std::fs::canonicalize(abs) else {
+        return;
+    };
+    let system = (SYSTEM_TREES.iter().any(|d| real.starts_with(d)) && !under_shared_tmp(&real))
+        || in_system(&real);
+    let shown = match std::fs::metadata(&real) {
+        Ok(m) if m.is_dir() => !too_broad(&real),
+        Ok(m) => m.is_file(),
+        Err(_) => false,
+    };
+    if shown && !system {
+        push_ro(s, real);
+    }
 }
 
 /// Add a read-only bind unless an existing bind already shows it.
@@ -488,6 +527,56 @@ mod tests {
             assert!(s.binds.iter().any(|b| b.src == prog), "{:?}", s.binds);
             assert!(!s.binds.iter().any(|b| b.src == tmp), "{:?}", s.binds);
         }
+    }
+
+    #[test]
+    fn paths_the_command_line_names_are_shown_read_only() {
+        let data = tempfile_dir("named");
+        let project = tempfile_dir("named-project");
+        std::fs::create_dir_all(data.join("ds")).unwrap();
+        std::fs::write(data.join("in.csv"), b"a,b\n").unwrap();
+        std::fs::write(project.join("local.csv"), b"").unwrap();
+        let arg = |p: PathBuf| -> std::ffi::OsString { p.into() };
+        let mut out = std::ffi::OsString::from("--out=");
+        out.push(data.join("ds"));
+        let v = ViewOptions {
+            args: vec![
+                "python3".into(),
+                "job.py".into(),
+                arg(data.join("in.csv")),
+                out,
+                "local.csv".into(),
+                "/nonexistent/x".into(),
+                "/etc/shadow".into(),
+                "/".into(),
+                "/root".into(),
+                std::env::temp_dir().into(),
+                "-v".into(),
+            ],
+            ..run_of("/usr/bin/python3", &project, CwdMode::Rw)
+        };
+        let s = v.spec();
+        std::fs::remove_dir_all(&data).unwrap();
+        std::fs::remove_dir_all(&project).unwrap();
+        let named: Vec<(PathBuf, bool)> = s
+            .binds
+            .iter()
+            .filter(|b| !b.src.starts_with("/etc") && !b.src.starts_with("/dev"))
+            .filter(|b| !SYSTEM_DIRS.iter().any(|d| b.src.starts_with(d)))
+            .map(|b| (b.src.clone(), b.rw))
+            .collect();
+        // The file alone, the directory whole, read-only; the working directory as it was (its
+        // file not bound again); nothing absent, of the system's, or too broad to show.
+        assert_eq!(
+            named,
+            [
+                (project.clone(), true),
+                (data.join("in.csv"), false),
+                (data.join("ds"), false)
+            ],
+            "{:?}",
+            s.binds
+        );
     }
 
     /// The view of `program` (with no arguments) run from `cwd`, as uid/gid 1000.

@@ -1327,3 +1327,31 @@ fn a_terminal_the_proc_inherits_has_a_name_in_the_jail() {
         .stdin(Stdio::null()));
     assert_eq!(stdout(&o), "none\n");
 }
+
+#[test]
+fn files_and_directories_the_command_line_names_are_shown_read_only() {
+    let data = tempfile::tempdir().unwrap();
+    let (file, dir) = (data.path().join("in.csv"), data.path().join("ds"));
+    std::fs::write(&file, "a,b\n").unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("part-0"), "0\n").unwrap();
+    std::fs::write(data.path().join("beside.txt"), "not named\n").unwrap();
+    let code = "import os, sys\n\
+        print(open(sys.argv[1]).read().strip(), sorted(os.listdir(sys.argv[2].split('=')[1])))\n\
+        for w in (lambda: open(sys.argv[1], 'a').write('x'), lambda: open(os.path.join(sys.argv[2].split('=')[1], 'new'), 'w')):\n\
+        \x20   try: w(); print('wrote')\n\
+        \x20   except OSError as e: print('refused')\n\
+        print(os.path.exists(os.path.join(os.path.dirname(sys.argv[1]), 'beside.txt')))";
+    let o = run(sup()
+        .args(["python3", "-c", code])
+        .arg(&file)
+        .arg(format!("--data={}", dir.display())));
+    assert_eq!(
+        stdout(&o),
+        "a,b ['part-0']\nrefused\nrefused\nFalse\n",
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "a,b\n");
+    assert!(!dir.join("new").exists());
+}
