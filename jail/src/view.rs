@@ -312,8 +312,19 @@ impl ViewOptions {
         // Every other path the command line names (an argument, or an option's value after
         // `=`), read-only: `python3 job.py /data/in.csv` reads what it was given. A file alone;
         // a directory whole, unless it is too broad to show; nothing in the system's own trees.
+        // At most MAX_NAMED binds: each is a mount of the jail's start (a glob of thousands
+        // of files would be thousands); past that, `--bind` their directory.
+        let before = s.binds.len();
         for a in self.args.iter().skip(1) {
             if let Some(p) = named_path(a).and_then(|p| absolute(p, &self.cwd)) {
+                if s.binds.len() - before == MAX_NAMED {
+                    tracing::warn!(
+                        "{} and the paths named after it are not shown in the jail (at most \
+                         {MAX_NAMED} are): --bind their directory",
+                        p.display()
+                    );
+                    break;
+                }
                 show_named(&mut s, &p);
             }
         }
@@ -367,6 +378,9 @@ fn absolute(p: &Path, cwd: &Path) -> Option<PathBuf> {
         cwd.join(p)
     })
 }
+
+/// How many paths named on the command line the jail shows (see [`ViewOptions::spec`]).
+const MAX_NAMED: usize = 64;
 
 /// The path an argument names: the argument itself, or an option's value (`--data=PATH`);
 /// `None` for an option without one.
