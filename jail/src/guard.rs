@@ -8,7 +8,11 @@
 //!   writes into it with `CAP_FSETID`, a root shell's `>` say, keeps the bit);
 //! - `openat2` (its mode is in a struct a filter cannot read): ENOSYS, so libcs fall back;
 //! - `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`: pushing input into the terminal the proc shares
-//!   with the user's shell.
+//!   with the user's shell;
+//! - io_uring (`io_uring_setup`, `_enter`, `_register`): its operations (an open with a mode,
+//!   say) never pass through seccomp, so no argument check above would see them;
+//! - the kernel's keyrings (`keyctl`, `add_key`, `request_key`): the proc would possess the
+//!   keys of the session it was started from (a user's Kerberos or ecryptfs keys).
 use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
 
 const SUID: u64 = libc::S_ISUID as u64;
@@ -68,6 +72,16 @@ impl Guard {
             rule(name, eperm, &[bit(mode_arg, SGID)])?;
         }
         rule("openat2", ScmpAction::Errno(libc::ENOSYS), &[])?;
+        for name in [
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
+            "keyctl",
+            "add_key",
+            "request_key",
+        ] {
+            rule(name, eperm, &[])?;
+        }
         for req in [libc::TIOCSTI, libc::TIOCLINUX] {
             // The request is an int: compare its low 32 bits.
             let cmp = ScmpArgCompare::new(

@@ -383,6 +383,42 @@ fn no_setuid_file_can_be_planted() {
 }
 
 #[test]
+fn the_session_keyring_it_was_started_from_is_out_of_reach() {
+    use std::os::unix::process::CommandExt as _;
+    for ctx in contexts() {
+        let w = workdir(ctx);
+        let mut c = ctx.command(w.path(), &[], &["keyring"]);
+        // SAFETY: between fork and exec the hook only makes system calls (no allocation: the
+        // strings are static), as pre_exec requires.
+        unsafe {
+            c.pre_exec(|| {
+                // A session keyring of the starter's own, holding a secret any possessor may read.
+                let r = libc::syscall(libc::SYS_keyctl, 1, c"sigma-escape".as_ptr());
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let r = libc::syscall(
+                    libc::SYS_add_key,
+                    c"user".as_ptr(),
+                    c"escape-secret".as_ptr(),
+                    SECRET.as_ptr(),
+                    SECRET.len(),
+                    -3i32, // KEY_SPEC_SESSION_KEYRING
+                );
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let o = ctx.finish(c, &["keyring"]);
+        let text = out(&o);
+        assert!(text.contains("attack done"), "[{ctx:?}] {text}");
+        assert!(!text.contains(SECRET), "[{ctx:?}] the key was read: {text}");
+    }
+}
+
+#[test]
 fn bucket_and_cache_are_neither_visible_nor_writable() {
     for ctx in contexts() {
         let w = workdir(ctx);

