@@ -394,11 +394,12 @@ fn named_path(a: &std::ffi::OsStr) -> Option<&Path> {
     Some(Path::new(std::ffi::OsStr::from_bytes(&b[eq + 1..])))
 }
 
-/// Show a path the command line names (`abs`, absolute), where it exists: read-only, at its
-/// real path (as the script is: a mount point at a name given through a symlink could lie
-/// inside another bind, on the host).
+/// Show a path the command line names (`abs`, absolute), where it exists and its name goes
+/// through no symlink: read-only. A symlink in a directory a proc was ever shown writable may be
+/// that proc's own, planted to show whatever it points at (another directory's keys) to the
+/// next run that names it; such a name is left to `--bind`.
 fn show_named(s: &mut JailSpec, abs: &Path) {
-    let Ok(real) = std::fs::canonicalize(abs) else {
+    let Some(real) = without_symlinks(abs) else {
         return;
     };
     let system = (SYSTEM_TREES.iter().any(|d| real.starts_with(d)) && !under_shared_tmp(&real))
@@ -411,6 +412,30 @@ fn show_named(s: &mut JailSpec, abs: &Path) {
     if shown && !system {
         push_ro(s, real);
     }
+}
+
+/// `abs` with `.` and `..` taken lexically, where it exists and no component of the result is
+/// a symlink; `None` otherwise.
+fn without_symlinks(abs: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    let mut p = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::RootDir => p.push("/"),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                p.pop();
+            }
+            Component::Normal(n) => {
+                p.push(n);
+                if std::fs::symlink_metadata(&p).ok()?.file_type().is_symlink() {
+                    return None;
+                }
+            }
+            Component::Prefix(_) => return None,
+        }
+    }
+    Some(p)
 }
 
 /// Add a read-only bind unless an existing bind already shows it.
@@ -550,6 +575,11 @@ mod tests {
         std::fs::create_dir_all(data.join("ds")).unwrap();
         std::fs::write(data.join("in.csv"), b"a,b\n").unwrap();
         std::fs::write(project.join("local.csv"), b"").unwrap();
+        // A name through a symlink (one a proc could have planted in its working directory).
+        let secret = tempfile_dir("named-secret");
+        std::fs::write(secret.join("key"), b"k").unwrap();
+        std::os::unix::fs::symlink(secret.join("key"), project.join("planted.csv")).unwrap();
+        std::os::unix::fs::symlink(&secret, data.join("dirlink")).unwrap();
         let arg = |p: PathBuf| -> std::ffi::OsString { p.into() };
         let mut out = std::ffi::OsString::from("--out=");
         out.push(data.join("ds"));
@@ -560,6 +590,9 @@ mod tests {
                 arg(data.join("in.csv")),
                 out,
                 "local.csv".into(),
+                "planted.csv".into(),
+                arg(data.join("dirlink/key")),
+                arg(data.join("ds/../in.csv")),
                 "/nonexistent/x".into(),
                 "/etc/shadow".into(),
                 "/".into(),
@@ -572,6 +605,12 @@ mod tests {
         let s = v.spec();
         std::fs::remove_dir_all(&data).unwrap();
         std::fs::remove_dir_all(&project).unwrap();
+        std::fs::remove_dir_all(&secret).unwrap();
+        assert!(
+            !s.binds.iter().any(|b| b.src.starts_with(&secret)),
+            "a symlink was followed: {:?}",
+            s.binds
+        );
         let named: Vec<(PathBuf, bool)> = s
             .binds
             .iter()
@@ -579,8 +618,9 @@ mod tests {
             .filter(|b| !SYSTEM_DIRS.iter().any(|d| b.src.starts_with(d)))
             .map(|b| (b.src.clone(), b.rw))
             .collect();
-        // The file alone, the directory whole, read-only; the working directory as it was (its
-        // file not bound again); nothing absent, of the system's, or too broad to show.
+        // The file alone (once, however named), the directory whole, read-only; the working
+        // directory as it was (its file not bound again); nothing absent, of the system's, too
+        // broad to show, or named through a symlink.
         assert_eq!(
             named,
             [

@@ -383,6 +383,28 @@ fn no_setuid_file_can_be_planted() {
 }
 
 #[test]
+fn a_symlink_planted_in_the_working_directory_shows_nothing_when_named() {
+    for ctx in contexts() {
+        let w = workdir(ctx);
+        // Elsewhere on the host: a file the proc's user could read, were it shown.
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(elsewhere.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let key = elsewhere.path().join("key");
+        write_with_mode(&key, SECRET, 0o644);
+        // What an earlier run could leave in its working directory; the next run names it.
+        std::os::unix::fs::symlink(&key, w.path().join("data.csv")).unwrap();
+        let o = ctx.run(w.path(), &[], &["read_secret", "data.csv"]);
+        assert!(!out(&o).contains(SECRET), "[{ctx:?}] {}", out(&o));
+        let o = ctx.run(w.path(), &[], &["read_secret", &key.display().to_string()]);
+        assert!(
+            out(&o).contains(SECRET),
+            "[{ctx:?}] named directly, it is shown: {}",
+            out(&o)
+        );
+    }
+}
+
+#[test]
 fn the_session_keyring_it_was_started_from_is_out_of_reach() {
     use std::os::unix::process::CommandExt as _;
     for ctx in contexts() {
