@@ -294,6 +294,21 @@ pub fn close_fds_from_except(first: u32, keep: std::os::fd::BorrowedFd<'_>) {
     sys::close_from_except(first, std::os::fd::AsRawFd::as_raw_fd(&keep) as u32)
 }
 
+/// Mark every fd from `first` up close-on-exec except those in `keep` (sorted, deduplicated).
+/// No allocation: safe between fork and exec.
+pub fn cloexec_fds_from_except(first: u32, keep: &[u32]) {
+    let mut from = first;
+    for &k in keep.iter().filter(|&&k| k >= first) {
+        if k > from {
+            sys::cloexec_range(from, k - 1);
+        }
+        from = k.saturating_add(1);
+    }
+    if from != 0 {
+        sys::cloexec_range(from, u32::MAX);
+    }
+}
+
 /// The Landlock ABI version of this kernel (0 when Landlock is off or missing). Signal and
 /// abstract-socket scoping need 6.
 pub fn landlock_abi() -> i64 {

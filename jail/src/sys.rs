@@ -274,6 +274,19 @@ pub fn close_from(first: u32) {
     let _ = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
 }
 
+/// Mark fds `first..=last` close-on-exec (close_range with CLOSE_RANGE_CLOEXEC).
+pub fn cloexec_range(first: u32, last: u32) {
+    // SAFETY: close_range with integer arguments; it only sets a flag on open descriptors.
+    let _ = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            last,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+}
+
 /// Close every fd from `first` up except `keep`.
 pub fn close_from_except(first: u32, keep: u32) {
     if keep < first {

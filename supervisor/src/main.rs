@@ -84,6 +84,12 @@ pub struct Cli {
     #[arg(long = "pass-env", value_name = "NAME")]
     pub pass_env: Vec<String>,
 
+    /// Let the proc inherit the supervisor's descriptor N (a pipe, a socket, a jobserver's
+    /// ends). Only stdin, stdout and stderr are inherited by default: a descriptor the
+    /// supervisor's own caller left open would reach the proc unasked. Repeatable.
+    #[arg(long = "pass-fd", value_name = "N", value_parser = clap::value_parser!(u32).range(3..))]
+    pub pass_fd: Vec<u32>,
+
     /// One line per notified call (pid, syscall, path, decision, µs) to FILE, or stderr. A write
     /// the jail refuses as read-only is `continue(read-only in the jail)`, with a hint on stderr.
     #[arg(long, value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = "-")]
@@ -442,6 +448,7 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
     if let Some((fd, number)) = api.take_target_end() {
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
     }
+    prepared.keep_inherited(&cli.pass_fd);
     if let Some(r) = &realm {
         if kernel_served.is_some() {
             prepared.bind_read_only(&r.lib, &r.opts.lib_prefix)?;

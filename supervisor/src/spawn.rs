@@ -125,6 +125,11 @@ pub struct Prepared {
     pin_cpu: Option<usize>,
     /// Descriptors the target inherits (close-on-exec already cleared); ours close after fork.
     inherited: Vec<OwnedFd>,
+    /// Descriptors of the supervisor's own caller the target inherits (`--pass-fd`): every
+    /// other one from 3 up is closed at its exec.
+    passed: Vec<u32>,
+    /// Every descriptor the target keeps from 3 up (see [`Prepared::kept_fds`]).
+    kept: Vec<u32>,
     /// The σcontainer the target runs in (`None` only with `--no-jail`).
     jail: Option<jail::JailSpec>,
     /// The jail's own seccomp guard (jailed runs).
@@ -151,6 +156,21 @@ impl Prepared {
         self.set_env(key, value)?;
         self.inherited.push(fd);
         Ok(())
+    }
+
+    /// Let the target inherit these descriptors of the supervisor's caller besides stdio.
+    pub fn keep_inherited(&mut self, fds: &[u32]) {
+        self.passed = fds.to_vec();
+    }
+
+    /// Every descriptor the target keeps from 3 up, sorted (computed before fork: no
+    /// allocation after it).
+    fn kept_fds(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.passed.clone();
+        v.extend(self.inherited.iter().map(|f| f.as_raw_fd() as u32));
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// Set `key=value` in the target's environment, replacing an inherited value.
@@ -348,6 +368,8 @@ pub fn prepare(
         scratch,
         pin_cpu,
         inherited: Vec::new(),
+        passed: Vec::new(),
+        kept: Vec::new(),
         jail,
         guard,
         pass_listener: false,
@@ -585,6 +607,8 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
         Err(e) => fail(STAGE_HANDOFF, e),
     }
     drop(listener);
+    // Nothing of the supervisor's caller but stdio and what was asked for.
+    jail::cloexec_fds_from_except(3, &p.kept);
     let e = sys::execve(&p.path, &p.argv_ptrs, &p.envp_ptrs);
     send(status_tx, STAGE_EXEC, e as i32);
     sys::exit_now(if e == Errno::ENOENT { 127 } else { 126 })
@@ -593,6 +617,7 @@ fn child_main(p: &Prepared, status_tx: &OwnedFd, go_rx: &OwnedFd, old_mask: &Sig
 /// Fork the child, let it set itself up, and take its listener. Must run while this process has
 /// one thread.
 pub fn spawn(mut p: Prepared) -> Result<Child, Failure> {
+    p.kept = p.kept_fds();
     if let Some(spec) = p.jail.take() {
         return spawn_jailed(p, spec);
     }
@@ -827,6 +852,8 @@ fn jailed_target(
         sys::exit_now(125)
     }
     drop(init.world_rx);
+    // Nothing of the supervisor's caller but stdio and what was asked for.
+    jail::cloexec_fds_from_except(3, &p.kept);
     let e = sys::execve(&p.path, &p.argv_ptrs, &p.envp_ptrs);
     send(exec_tx, STAGE_EXEC, e as i32);
     sys::exit_now(if e == Errno::ENOENT { 127 } else { 126 })

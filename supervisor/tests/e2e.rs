@@ -1355,3 +1355,38 @@ fn files_and_directories_the_command_line_names_are_shown_read_only() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "a,b\n");
     assert!(!dir.join("new").exists());
 }
+
+#[test]
+fn descriptors_the_supervisor_inherits_reach_the_proc_only_when_passed() {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "inherited-secret\n").unwrap();
+    let file = std::fs::File::open(&secret).unwrap();
+    let raw = file.as_raw_fd();
+    let code = "import os\ntry: print(os.read(9, 100).decode().strip())\nexcept OSError as e: print('EBADF' if e.errno == 9 else e)";
+    let with_fd9 = |extra: &[&str]| {
+        let mut c = sup();
+        c.args(extra).args(["python3", "-c", code]);
+        // SAFETY: dup2 only, between fork and exec (no allocation).
+        unsafe {
+            c.pre_exec(move || {
+                if libc::dup2(raw, 9) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        run(&mut c)
+    };
+    // Left open by the supervisor's caller: not the proc's.
+    let o = with_fd9(&[]);
+    assert_eq!(stdout(&o), "EBADF\n", "{}", stderr(&o));
+    let o = with_fd9(&["--no-jail"]);
+    assert_eq!(stdout(&o), "EBADF\n", "{}", stderr(&o));
+    // Asked for: inherited.
+    let o = with_fd9(&["--pass-fd", "9"]);
+    assert_eq!(stdout(&o), "inherited-secret\n", "{}", stderr(&o));
+    drop(file);
+}
