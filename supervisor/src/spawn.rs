@@ -788,6 +788,18 @@ fn jailed_target(
     let _ = old_mask.thread_set_mask();
     sys::default_disposition(Signal::SIGPIPE);
     let _ = sys::set_parent_death_kill();
+    // A proc given no terminal gets none: in a session of its own, /dev/tty no longer opens
+    // the terminal of the session the supervisor was started from (where it could write, and
+    // turn echo off for the user's shell).
+    let on_a_terminal = {
+        use std::io::IsTerminal as _;
+        std::io::stdin().is_terminal()
+            || std::io::stdout().is_terminal()
+            || std::io::stderr().is_terminal()
+    };
+    if !on_a_terminal {
+        let _ = nix::unistd::setsid();
+    }
     if let Err(e) = jail::world::private_net(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
         sys::exit_now(125)

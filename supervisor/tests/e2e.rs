@@ -1326,6 +1326,25 @@ fn a_terminal_the_proc_inherits_has_a_name_in_the_jail() {
         .args(["/bin/sh", "-c", "test -e /dev/console || echo none"])
         .stdin(Stdio::null()));
     assert_eq!(stdout(&o), "none\n");
+    // Nor is the terminal of the session the supervisor runs in reachable through /dev/tty
+    // when none of its stdio is that terminal: nothing the proc writes there reaches it.
+    let dir = tempfile::tempdir().unwrap();
+    let (typescript, out) = (dir.path().join("typescript"), dir.path().join("out"));
+    let code = "import os\ntry:\n fd = os.open('/dev/tty', os.O_RDWR)\n os.write(fd, b'FROM-THE' + b'-JAIL')\n print('opened')\nexcept OSError as e: print('refused', e.errno)";
+    let o = run(Command::new("script")
+        .arg("-qec")
+        .arg(format!(
+            "{bin} python3 -c \"{code}\" </dev/null >{} 2>&1",
+            out.display()
+        ))
+        .arg(&typescript));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        format!("refused {}\n", libc::ENXIO)
+    );
+    let seen = std::fs::read_to_string(&typescript).unwrap();
+    assert!(!seen.contains("FROM-THE-JAIL"), "{seen}");
 }
 
 #[test]
