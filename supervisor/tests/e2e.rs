@@ -1409,3 +1409,50 @@ fn descriptors_the_supervisor_inherits_reach_the_proc_only_when_passed() {
     assert_eq!(stdout(&o), "inherited-secret\n", "{}", stderr(&o));
     drop(file);
 }
+
+#[test]
+fn a_terminals_ctrl_c_reaches_a_proc_whose_stdio_is_redirected() {
+    // The supervisor runs in the foreground of a pseudo-terminal with its stdio redirected:
+    // the proc has a session of its own, and the terminal's SIGINT reaches it through the
+    // supervisor.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let bin = env!("CARGO_BIN_EXE_sigma-supervise");
+    let driver = r#"
+import os, pty, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+deadline = time.time() + 20
+while not os.path.exists("ready") and time.time() < deadline:
+    time.sleep(0.05)
+time.sleep(0.2)
+os.write(fd, b"\x03")
+while True:
+    try:
+        if not os.read(fd, 1024): break
+    except OSError: break
+_, st = os.waitpid(pid, 0)
+print("signal" if os.WIFSIGNALED(st) else "exit", os.WTERMSIG(st) if os.WIFSIGNALED(st) else os.WEXITSTATUS(st))
+"#;
+    // In the working directory, which the proc is shown read-write.
+    let code = "import time\nopen('ready', 'w').close()\ntime.sleep(30)\nprint('slept')";
+    let inner = format!(
+        "exec {bin} python3 -c \"{code}\" </dev/null >{} 2>&1",
+        out.display()
+    );
+    let o = run(Command::new("python3")
+        .current_dir(dir.path())
+        .args(["-c", driver, "/bin/sh", "-c", &inner]));
+    assert_eq!(
+        stdout(&o).trim(),
+        format!("signal {}", libc::SIGINT),
+        "{}",
+        stderr(&o)
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        text.contains("KeyboardInterrupt") && !text.contains("slept"),
+        "{text}"
+    );
+}
