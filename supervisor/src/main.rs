@@ -79,7 +79,8 @@ pub struct Cli {
     pub serve: Vec<String>,
 
     /// Hand the environment variable NAME to the proc although its name says it is a credential
-    /// (`AWS_*`, `*TOKEN*`, `*SECRET*`, `*PASSWORD*`, `*_KEY`, ...: withheld by default).
+    /// (`AWS_*`, `*TOKEN*`, `*SECRET*`, `*PASS*`, `*_KEY`, ...) or its value is a URL with a
+    /// password (withheld by default).
     /// Repeatable.
     #[arg(long = "pass-env", value_name = "NAME")]
     pub pass_env: Vec<String>,

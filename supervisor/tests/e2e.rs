@@ -1088,12 +1088,15 @@ fn cloud_credentials_do_not_reach_the_target() {
 
 #[test]
 fn credential_named_variables_stay_unless_passed_by_name() {
-    let code = "import os; print(sorted(k for k in os.environ if k.startswith(('GH_', 'DB_', 'OPENAI_', 'SIGMA_TEST_'))))";
+    let code = "import os; print(sorted(k for k in os.environ if k.startswith(('GH_', 'DB_', 'OPENAI_', 'SIGMA_TEST_', 'MYSQL_', 'DATABASE_'))))";
     let with = |extra: &[&str]| {
         let mut c = sup();
         c.env("GH_TOKEN", "t")
             .env("DB_PASSWORD", "p")
             .env("OPENAI_API_KEY", "k")
+            .env("MYSQL_PWD", "p")
+            // A password in a URL's user part, whatever the name.
+            .env("DATABASE_URL", "postgres://admin:hunter2@db/app")
             .env("SIGMA_TEST_KEEP", "kept")
             .args(extra)
             .args(["python3", "-c", code]);
