@@ -93,6 +93,7 @@ pub struct Cli {
 
     /// One line per notified call (pid, syscall, path, decision, µs) to FILE, or stderr. A write
     /// the jail refuses as read-only is `continue(read-only in the jail)`, with a hint on stderr.
+    /// FILE is never reached through a symlink (but in /dev and /proc: /dev/stderr).
     #[arg(long, value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = "-")]
     pub trace: Option<PathBuf>,
 

@@ -124,6 +124,31 @@ pub struct TraceSink {
     out: Mutex<Box<dyn Write + Send>>,
 }
 
+/// Create (or truncate) the trace file: through no symlink, unless it lies in `/dev` or `/proc`
+/// (`/dev/stderr`, `/dev/fd/N`). The supervisor may be root and the file in a directory a proc
+/// was shown writable: a symlink planted there would have it overwrite whatever it points at.
+fn create(target: &Path) -> anyhow::Result<std::fs::File> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    let system = target.starts_with("/dev") || target.starts_with("/proc");
+    let how = OpenHow::new()
+        .flags(OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_CLOEXEC)
+        .mode(nix::sys::stat::Mode::from_bits_truncate(0o644))
+        .resolve(if system {
+            ResolveFlag::empty()
+        } else {
+            ResolveFlag::RESOLVE_NO_SYMLINKS
+        });
+    match nix::fcntl::openat2(nix::fcntl::AT_FDCWD, target, how) {
+        Ok(fd) => Ok(std::fs::File::from(fd)),
+        Err(nix::errno::Errno::ELOOP) => Err(anyhow::anyhow!(
+            "--trace: {} goes through a symlink (a proc may have planted it): give the real path",
+            target.display()
+        )),
+        Err(e) => Err(anyhow::Error::from(e))
+            .with_context(|| format!("--trace: cannot create {}", target.display())),
+    }
+}
+
 impl TraceSink {
     pub fn open(target: Option<&Path>) -> anyhow::Result<Option<TraceSink>> {
         let Some(target) = target else {
@@ -132,9 +157,7 @@ impl TraceSink {
         let out: Box<dyn Write + Send> = if target == Path::new("-") {
             Box::new(std::io::LineWriter::new(std::io::stderr()))
         } else {
-            let f = std::fs::File::create(target)
-                .with_context(|| format!("--trace: cannot create {}", target.display()))?;
-            Box::new(std::io::BufWriter::new(f))
+            Box::new(std::io::BufWriter::new(create(target)?))
         };
         Ok(Some(TraceSink {
             out: Mutex::new(out),

@@ -1459,3 +1459,33 @@ print("signal" if os.WIFSIGNALED(st) else "exit", os.WTERMSIG(st) if os.WIFSIGNA
         "{text}"
     );
 }
+
+#[test]
+fn a_trace_file_is_never_written_through_a_symlink() {
+    // A proc can leave a symlink in its working directory; a later run traced to that name,
+    // by root, would overwrite what it points at.
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "keep\n").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.path().join("trace.tsv")).unwrap();
+    let o = run(sup()
+        .current_dir(dir.path())
+        .args(["--trace=trace.tsv", "/bin/true"]));
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o).contains("goes through a symlink"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep\n");
+    // A plain file is written; /dev/stderr (a symlink in /dev) still works.
+    std::fs::remove_file(dir.path().join("trace.tsv")).unwrap();
+    let o = run(sup()
+        .current_dir(dir.path())
+        .args(["--trace=trace.tsv", "/bin/true"]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let trace = std::fs::read_to_string(dir.path().join("trace.tsv")).unwrap();
+    assert!(trace.contains("\texecve\t"), "{trace}");
+    let o = run(sup().args(["--trace=/dev/stderr", "/bin/true"]));
+    assert!(stderr(&o).contains("\texecve\t"), "{}", stderr(&o));
+}
