@@ -309,25 +309,6 @@ impl ViewOptions {
                 }
             }
         }
-        // Every other path the command line names (an argument, or an option's value after
-        // `=`), read-only: `python3 job.py /data/in.csv` reads what it was given. A file alone;
-        // a directory whole, unless it is too broad to show; nothing in the system's own trees.
-        // At most MAX_NAMED binds: each is a mount of the jail's start (a glob of thousands
-        // of files would be thousands); past that, `--bind` their directory.
-        let before = s.binds.len();
-        for a in self.args.iter().skip(1) {
-            if let Some(p) = named_path(a).and_then(|p| absolute(p, &self.cwd)) {
-                if s.binds.len() - before == MAX_NAMED {
-                    tracing::warn!(
-                        "{} and the paths named after it are not shown in the jail (at most \
-                         {MAX_NAMED} are): --bind their directory",
-                        p.display()
-                    );
-                    break;
-                }
-                show_named(&mut s, &p);
-            }
-        }
         s
     }
 
@@ -379,63 +360,49 @@ fn absolute(p: &Path, cwd: &Path) -> Option<PathBuf> {
     })
 }
 
-/// How many paths named on the command line the jail shows (see [`ViewOptions::spec`]).
-const MAX_NAMED: usize = 64;
-
-/// The path an argument names: the argument itself, or an option's value (`--data=PATH`);
-/// `None` for an option without one.
-fn named_path(a: &std::ffi::OsStr) -> Option<&Path> {
+/// Paths the command line names (an argument, or an option's value after `=`) that exist on
+/// the host where the jail shows nothing at that name: a program's input named on its command
+/// line is not shown by being named (the command line may come from whoever spawns procs), and
+/// a failed run says which `--bind` would show it. `shown`: where the jail's binds show a host
+/// path at its own name. At most `max`, in order.
+pub fn unshown_named(args: &[OsString], cwd: &Path, shown: &[PathBuf], max: usize) -> Vec<PathBuf> {
     use std::os::unix::ffi::OsStrExt as _;
-    let b = a.as_bytes();
-    if !b.starts_with(b"-") {
-        return Some(Path::new(a));
-    }
-    let eq = b.iter().position(|&c| c == b'=')?;
-    Some(Path::new(std::ffi::OsStr::from_bytes(&b[eq + 1..])))
-}
-
-/// Show a path the command line names (`abs`, absolute), where it exists and its name goes
-/// through no symlink: read-only. A symlink in a directory a proc was ever shown writable may be
-/// that proc's own, planted to show whatever it points at (another directory's keys) to the
-/// next run that names it; such a name is left to `--bind`.
-fn show_named(s: &mut JailSpec, abs: &Path) {
-    let Some(real) = without_symlinks(abs) else {
-        return;
-    };
-    let system = (SYSTEM_TREES.iter().any(|d| real.starts_with(d)) && !under_shared_tmp(&real))
-        || in_system(&real);
-    let shown = match std::fs::metadata(&real) {
-        Ok(m) if m.is_dir() => !too_broad(&real),
-        Ok(m) => m.is_file(),
-        Err(_) => false,
-    };
-    if shown && !system {
-        push_ro(s, real);
-    }
-}
-
-/// `abs` with `.` and `..` taken lexically, where it exists and no component of the result is
-/// a symlink; `None` otherwise.
-fn without_symlinks(abs: &Path) -> Option<PathBuf> {
-    use std::path::Component;
-    let mut p = PathBuf::new();
-    for c in abs.components() {
-        match c {
-            Component::RootDir => p.push("/"),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                p.pop();
+    let mut out = Vec::new();
+    for a in args.iter().skip(1) {
+        if out.len() == max {
+            break;
+        }
+        let b = a.as_bytes();
+        let named = if b.starts_with(b"-") {
+            match b.iter().position(|&c| c == b'=') {
+                Some(eq) => std::ffi::OsStr::from_bytes(&b[eq + 1..]),
+                None => continue,
             }
-            Component::Normal(n) => {
-                p.push(n);
-                if std::fs::symlink_metadata(&p).ok()?.file_type().is_symlink() {
-                    return None;
+        } else {
+            a.as_os_str()
+        };
+        let Some(abs) = absolute(Path::new(named), cwd) else {
+            continue;
+        };
+        // Lexically: `.` and `..` resolved, symlinks not followed.
+        let mut p = PathBuf::new();
+        for c in abs.components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    p.pop();
                 }
+                std::path::Component::CurDir => {}
+                c => p.push(c),
             }
-            Component::Prefix(_) => return None,
+        }
+        if std::fs::symlink_metadata(&p).is_ok()
+            && !shown.iter().any(|d| p.starts_with(d))
+            && !out.contains(&p)
+        {
+            out.push(p);
         }
     }
-    Some(p)
+    out
 }
 
 /// Add a read-only bind unless an existing bind already shows it.
@@ -569,68 +536,31 @@ mod tests {
     }
 
     #[test]
-    fn paths_the_command_line_names_are_shown_read_only() {
-        let data = tempfile_dir("named");
-        let project = tempfile_dir("named-project");
-        std::fs::create_dir_all(data.join("ds")).unwrap();
-        std::fs::write(data.join("in.csv"), b"a,b\n").unwrap();
+    fn a_failed_runs_hint_names_what_its_command_line_names_and_the_jail_does_not_show() {
+        let data = tempfile_dir("unshown");
+        let project = tempfile_dir("unshown-project");
+        std::fs::write(data.join("in.csv"), b"").unwrap();
         std::fs::write(project.join("local.csv"), b"").unwrap();
-        // A name through a symlink (one a proc could have planted in its working directory).
-        let secret = tempfile_dir("named-secret");
-        std::fs::write(secret.join("key"), b"k").unwrap();
-        std::os::unix::fs::symlink(secret.join("key"), project.join("planted.csv")).unwrap();
-        std::os::unix::fs::symlink(&secret, data.join("dirlink")).unwrap();
-        let arg = |p: PathBuf| -> std::ffi::OsString { p.into() };
-        let mut out = std::ffi::OsString::from("--out=");
-        out.push(data.join("ds"));
-        let v = ViewOptions {
-            args: vec![
-                "python3".into(),
-                "job.py".into(),
-                arg(data.join("in.csv")),
-                out,
-                "local.csv".into(),
-                "planted.csv".into(),
-                arg(data.join("dirlink/key")),
-                arg(data.join("ds/../in.csv")),
-                "/nonexistent/x".into(),
-                "/etc/shadow".into(),
-                "/".into(),
-                "/root".into(),
-                std::env::temp_dir().into(),
-                "-v".into(),
-            ],
-            ..run_of("/usr/bin/python3", &project, CwdMode::Rw)
-        };
-        let s = v.spec();
+        let mut opt = std::ffi::OsString::from("--in=");
+        opt.push(data.join("in.csv"));
+        let args: Vec<std::ffi::OsString> = vec![
+            "python3".into(),
+            "job.py".into(),
+            opt,
+            data.join("x/../in.csv").into(),
+            "local.csv".into(),
+            "/no/such/path/here".into(),
+            "-v".into(),
+            data.clone().into(),
+        ];
+        let shown = [project.clone(), PathBuf::from("/usr")];
+        let all = unshown_named(&args, &project, &shown, 8);
+        let first = unshown_named(&args, &project, &shown, 1);
         std::fs::remove_dir_all(&data).unwrap();
         std::fs::remove_dir_all(&project).unwrap();
-        std::fs::remove_dir_all(&secret).unwrap();
-        assert!(
-            !s.binds.iter().any(|b| b.src.starts_with(&secret)),
-            "a symlink was followed: {:?}",
-            s.binds
-        );
-        let named: Vec<(PathBuf, bool)> = s
-            .binds
-            .iter()
-            .filter(|b| !b.src.starts_with("/etc") && !b.src.starts_with("/dev"))
-            .filter(|b| !SYSTEM_DIRS.iter().any(|d| b.src.starts_with(d)))
-            .map(|b| (b.src.clone(), b.rw))
-            .collect();
-        // The file alone (once, however named), the directory whole, read-only; the working
-        // directory as it was (its file not bound again); nothing absent, of the system's, too
-        // broad to show, or named through a symlink.
-        assert_eq!(
-            named,
-            [
-                (project.clone(), true),
-                (data.join("in.csv"), false),
-                (data.join("ds"), false)
-            ],
-            "{:?}",
-            s.binds
-        );
+        // Once each (`x/..` taken lexically); not what is shown, absent, or an option alone.
+        assert_eq!(all, [data.join("in.csv"), data.clone()]);
+        assert_eq!(first, [data.join("in.csv")]);
     }
 
     /// The view of `program` (with no arguments) run from `cwd`, as uid/gid 1000.

@@ -435,6 +435,14 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
     );
     let jail = cli.jail.spec(&program, &cli.command, &hidden, cli.grace)?;
     jail::mark("spec");
+    // Where the jail shows host paths at their own names, for the hint of a failed run.
+    let shown: Option<Vec<PathBuf>> = jail.as_ref().map(|s| {
+        s.binds
+            .iter()
+            .filter(|b| b.src == b.dst)
+            .map(|b| b.dst.clone())
+            .collect()
+    });
     let mut prepared = spawn::prepare(
         &program,
         &cli.command,
@@ -534,6 +542,17 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
         on_demand,
         execve_allowed,
     )?;
+    if status.code() != 0 {
+        if let (Some(shown), Ok(cwd)) = (&shown, std::env::current_dir()) {
+            for p in jail::view::unshown_named(&cli.command, &cwd, shown, 3) {
+                eprintln!(
+                    "sigma-supervise: {} is named on the command line but not shown in the jail: \
+                     --bind {0} shows it read-only (--bind-rw {0} writable)",
+                    p.display()
+                );
+            }
+        }
+    }
     api.finish(status, cli.stats, cli.sigma.require_started)
 }
 

@@ -279,7 +279,9 @@ fn hostile_syscalls_fail_with_eperm() {
     ] {
         assert!(out.contains(&format!("{name} EPERM\n")), "{name}: {out}");
         let logged = format!("denied {name} (pid ");
-        assert_eq!(stderr(&o).matches(&logged).count(), 1, "{name} logged once");
+        // The jail's guard refuses io_uring itself, ahead of the profile's notification.
+        let times = if name == "io_uring_setup" { 0 } else { 1 };
+        assert_eq!(stderr(&o).matches(&logged).count(), times, "{name} logged");
     }
 }
 
@@ -1351,34 +1353,6 @@ fn a_terminal_the_proc_inherits_has_a_name_in_the_jail() {
 }
 
 #[test]
-fn files_and_directories_the_command_line_names_are_shown_read_only() {
-    let data = tempfile::tempdir().unwrap();
-    let (file, dir) = (data.path().join("in.csv"), data.path().join("ds"));
-    std::fs::write(&file, "a,b\n").unwrap();
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::write(dir.join("part-0"), "0\n").unwrap();
-    std::fs::write(data.path().join("beside.txt"), "not named\n").unwrap();
-    let code = "import os, sys\n\
-        print(open(sys.argv[1]).read().strip(), sorted(os.listdir(sys.argv[2].split('=')[1])))\n\
-        for w in (lambda: open(sys.argv[1], 'a').write('x'), lambda: open(os.path.join(sys.argv[2].split('=')[1], 'new'), 'w')):\n\
-        \x20   try: w(); print('wrote')\n\
-        \x20   except OSError as e: print('refused')\n\
-        print(os.path.exists(os.path.join(os.path.dirname(sys.argv[1]), 'beside.txt')))";
-    let o = run(sup()
-        .args(["python3", "-c", code])
-        .arg(&file)
-        .arg(format!("--data={}", dir.display())));
-    assert_eq!(
-        stdout(&o),
-        "a,b ['part-0']\nrefused\nrefused\nFalse\n",
-        "{}",
-        stderr(&o)
-    );
-    assert_eq!(std::fs::read_to_string(&file).unwrap(), "a,b\n");
-    assert!(!dir.join("new").exists());
-}
-
-#[test]
 fn descriptors_the_supervisor_inherits_reach_the_proc_only_when_passed() {
     use std::os::fd::AsRawFd as _;
     use std::os::unix::process::CommandExt as _;
@@ -1488,4 +1462,27 @@ fn a_trace_file_is_never_written_through_a_symlink() {
     assert!(trace.contains("\texecve\t"), "{trace}");
     let o = run(sup().args(["--trace=/dev/stderr", "/bin/true"]));
     assert!(stderr(&o).contains("\texecve\t"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_failed_run_names_the_paths_of_its_command_line_the_jail_does_not_show() {
+    let data = tempfile::tempdir().unwrap();
+    let file = data.path().join("in.csv");
+    std::fs::write(&file, "a,b\n").unwrap();
+    let code = "import sys; print(open(sys.argv[1]).read().strip())";
+    let o = run(sup().args(["python3", "-c", code]).arg(&file));
+    assert_ne!(o.status.code(), Some(0));
+    let hint = format!(
+        "{} is named on the command line but not shown in the jail: --bind {0}",
+        file.display()
+    );
+    assert!(stderr(&o).contains(&hint), "{}", stderr(&o));
+    // With the bind, the run reads it and says nothing of it.
+    let o = run(sup()
+        .arg("--bind")
+        .arg(&file)
+        .args(["python3", "-c", code])
+        .arg(&file));
+    assert_eq!(stdout(&o), "a,b\n", "{}", stderr(&o));
+    assert!(!stderr(&o).contains("not shown"), "{}", stderr(&o));
 }
