@@ -171,6 +171,10 @@ pub struct JailSpec {
     pub landlock: bool,
     /// After the program exits: SIGTERM to what is left, then SIGKILL after this long.
     pub grace: Duration,
+    /// `/dev/tty` in the jail's `/dev`: only for a proc with a terminal on its stdio. Else it
+    /// would open the terminal of the session the supervisor was started from, where a proc
+    /// whose output is redirected could still write, and turn echo off for the user's shell.
+    pub dev_tty: bool,
 }
 
 impl JailSpec {
@@ -199,6 +203,7 @@ impl JailSpec {
             },
             landlock: true,
             grace: Duration::from_secs(2),
+            dev_tty: false,
         }
     }
 }

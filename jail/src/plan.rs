@@ -324,7 +324,7 @@ impl JailSpec {
                 path: cstr(&built(Path::new(p)))?,
             });
         }
-        dev_steps(&mut steps, &mut sources, &mut source_dsts)?;
+        dev_steps(&mut steps, &mut sources, &mut source_dsts, self.dev_tty)?;
 
         for (b, kind) in uniq {
             tree.parents(&b.dst, &mut steps)?;
@@ -444,13 +444,15 @@ fn dev_steps(
     steps: &mut Vec<Step>,
     sources: &mut Vec<(CString, bool)>,
     dsts: &mut Vec<PathBuf>,
+    tty: bool,
 ) -> Result<(), JailError> {
     steps.push(Step::Tmpfs {
         path: cstr(&built(Path::new("/dev")))?,
         data: CString::new("mode=0755,size=64k").expect("no NUL"),
         flags: (libc::MS_NOSUID | libc::MS_NOEXEC),
     });
-    for name in ["null", "zero", "full", "random", "urandom", "tty"] {
+    let nodes = ["null", "zero", "full", "random", "urandom", "tty"];
+    for name in nodes.into_iter().filter(|n| tty || *n != "tty") {
         let host = PathBuf::from("/dev").join(name);
         if std::fs::metadata(&host).is_err() {
             continue;

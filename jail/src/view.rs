@@ -230,6 +230,7 @@ impl ViewOptions {
         // TIOCSTI away from it.
         if let Some(tty) = inherited_terminal() {
             s.binds.push(Bind::ro(tty).at("/dev/console"));
+            s.dev_tty = true;
         }
         // The working directory first: what it shows read-write (a venv, the script) is not
         // shown again read-only below.

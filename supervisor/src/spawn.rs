@@ -839,12 +839,6 @@ fn jailed_target(
     let _ = old_mask.thread_set_mask();
     sys::default_disposition(Signal::SIGPIPE);
     let _ = sys::set_parent_death_kill();
-    // A proc given no terminal gets none: in a session of its own, /dev/tty no longer opens
-    // the terminal of the session the supervisor was started from (where it could write, and
-    // turn echo off for the user's shell).
-    if !stdio_on_a_terminal() {
-        let _ = nix::unistd::setsid();
-    }
     if let Err(e) = jail::world::private_net(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
         sys::exit_now(125)
@@ -914,15 +908,6 @@ fn jailed_target(
     let e = sys::execve(&p.path, &p.argv_ptrs, &p.envp_ptrs);
     send(exec_tx, STAGE_EXEC, e as i32);
     sys::exit_now(if e == Errno::ENOENT { 127 } else { 126 })
-}
-
-/// Whether stdin, stdout or stderr is a terminal. A jailed proc given none runs in a session
-/// of its own (so the supervisor forwards a terminal's signals to it).
-pub fn stdio_on_a_terminal() -> bool {
-    use std::io::IsTerminal as _;
-    std::io::stdin().is_terminal()
-        || std::io::stdout().is_terminal()
-        || std::io::stderr().is_terminal()
 }
 
 /// Start the target in its σcontainer: clone init into new namespaces, map its ids, let it

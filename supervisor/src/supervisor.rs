@@ -271,7 +271,6 @@ fn wait_all(
     wait_for_init: bool,
     mut on_demand: Vec<Box<dyn OnDemand>>,
 ) -> anyhow::Result<Ended> {
-    let own_session = only_main && !crate::spawn::stdio_on_a_terminal();
     // init's report, kept while init itself is waited for (`wait_for_init`): its own exit
     // status cannot tell a signal from an exit status of 128+N.
     let mut reported = None;
@@ -373,9 +372,8 @@ fn wait_all(
         if sig == libc::SIGTERM && crate::sigma_api::evict() {
             continue;
         }
-        // A terminal's ^C reaches the whole foreground group (SI_KERNEL): the child has it,
-        // unless it runs in a session of its own (jailed without a terminal on its stdio).
-        if code != libc::SI_KERNEL || own_session {
+        // A terminal's ^C reaches the whole foreground group (SI_KERNEL): the child has it.
+        if code != libc::SI_KERNEL {
             if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(main_pid), s);
             }

@@ -1332,7 +1332,8 @@ fn a_terminal_the_proc_inherits_has_a_name_in_the_jail() {
         .stdin(Stdio::null()));
     assert_eq!(stdout(&o), "none\n");
     // Nor is the terminal of the session the supervisor runs in reachable through /dev/tty
-    // when none of its stdio is that terminal: nothing the proc writes there reaches it.
+    // when none of its stdio is that terminal (the jail's /dev has no tty then): nothing the
+    // proc writes there reaches it.
     let dir = tempfile::tempdir().unwrap();
     let (typescript, out) = (dir.path().join("typescript"), dir.path().join("out"));
     let code = "import os\ntry:\n fd = os.open('/dev/tty', os.O_RDWR)\n os.write(fd, b'FROM-THE' + b'-JAIL')\n print('opened')\nexcept OSError as e: print('refused', e.errno)";
@@ -1346,7 +1347,7 @@ fn a_terminal_the_proc_inherits_has_a_name_in_the_jail() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(
         std::fs::read_to_string(&out).unwrap(),
-        format!("refused {}\n", libc::ENXIO)
+        format!("refused {}\n", libc::ENOENT)
     );
     let seen = std::fs::read_to_string(&typescript).unwrap();
     assert!(!seen.contains("FROM-THE-JAIL"), "{seen}");
@@ -1390,8 +1391,8 @@ fn descriptors_the_supervisor_inherits_reach_the_proc_only_when_passed() {
 #[test]
 fn a_terminals_ctrl_c_reaches_a_proc_whose_stdio_is_redirected() {
     // The supervisor runs in the foreground of a pseudo-terminal with its stdio redirected:
-    // the proc has a session of its own, and the terminal's SIGINT reaches it through the
-    // supervisor.
+    // the proc, in the same foreground group, gets the terminal's SIGINT (the jail shows it no
+    // terminal, but does not take it out of its session).
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let bin = env!("CARGO_BIN_EXE_sigma-supervise");
