@@ -302,16 +302,7 @@ pub fn close_fds_from_except(first: u32, keep: std::os::fd::BorrowedFd<'_>) {
 /// Mark every fd from `first` up close-on-exec except those in `keep` (sorted, deduplicated).
 /// No allocation: safe between fork and exec.
 pub fn cloexec_fds_from_except(first: u32, keep: &[u32]) {
-    let mut from = first;
-    for &k in keep.iter().filter(|&&k| k >= first) {
-        if k > from {
-            sys::cloexec_range(from, k - 1);
-        }
-        from = k.saturating_add(1);
-    }
-    if from != 0 {
-        sys::cloexec_range(from, u32::MAX);
-    }
+    sys::close_range_except(first, keep, libc::CLOSE_RANGE_CLOEXEC)
 }
 
 /// The Landlock ABI version of this kernel (0 when Landlock is off or missing). Signal and

@@ -274,29 +274,27 @@ pub fn close_from(first: u32) {
     let _ = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
 }
 
-/// Mark fds `first..=last` close-on-exec (close_range with CLOSE_RANGE_CLOEXEC).
-pub fn cloexec_range(first: u32, last: u32) {
-    // SAFETY: close_range with integer arguments; it only sets a flag on open descriptors.
-    let _ = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            first,
-            last,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    };
-}
-
 /// Close every fd from `first` up except `keep`.
 pub fn close_from_except(first: u32, keep: u32) {
-    if keep < first {
-        return close_from(first);
+    close_range_except(first, &[keep], 0)
+}
+
+/// close_range(2) with `flags` (0: close; `CLOSE_RANGE_CLOEXEC`: mark close-on-exec) over every
+/// fd from `first` up except those in `keep` (sorted). No allocation: safe between fork and exec.
+pub fn close_range_except(first: u32, keep: &[u32], flags: u32) {
+    let range = |lo: u32, hi: u32| {
+        // SAFETY: close_range with integer arguments; the caller no longer uses any fd it
+        // closes (the kept ones lie outside every range).
+        let _ = unsafe { libc::syscall(libc::SYS_close_range, lo, hi, flags) };
+    };
+    let mut from = first;
+    for &k in keep.iter().filter(|&&k| k >= first) {
+        if k > from {
+            range(from, k - 1);
+        }
+        from = k.saturating_add(1);
     }
-    if keep > first {
-        // SAFETY: as in close_from; `first..keep` lies below the fd kept.
-        let _ = unsafe { libc::syscall(libc::SYS_close_range, first, keep - 1, 0) };
-    }
-    close_from(keep.saturating_add(1))
+    range(from, u32::MAX);
 }
 
 pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;

@@ -382,20 +382,11 @@ pub fn unshown_named(args: &[OsString], cwd: &Path, shown: &[PathBuf], max: usiz
         } else {
             a.as_os_str()
         };
-        let Some(abs) = absolute(Path::new(named), cwd) else {
+        if named.is_empty() {
             continue;
-        };
-        // Lexically: `.` and `..` resolved, symlinks not followed.
-        let mut p = PathBuf::new();
-        for c in abs.components() {
-            match c {
-                std::path::Component::ParentDir => {
-                    p.pop();
-                }
-                std::path::Component::CurDir => {}
-                c => p.push(c),
-            }
         }
+        // Lexically: `.` and `..` resolved, symlinks not followed.
+        let p = notify::path::join_normalized(cwd, Path::new(named));
         if std::fs::symlink_metadata(&p).is_ok()
             && !shown.iter().any(|d| p.starts_with(d))
             && !out.contains(&p)
