@@ -803,16 +803,19 @@ impl Content {
             }
         }
         let waiters = lock(&self.waiting).remove(&ino).unwrap_or_default();
+        if got.is_err() {
+            self.denied
+                .fetch_add(waiters.len() as u64, Ordering::Relaxed);
+        }
+        // Counted before any reader is released: a run that ends right after its read finds
+        // it counted.
+        self.record();
         for w in waiters {
             match &got {
                 Ok(f) => serve(f, self.size_of(ino), w.offset, w.size, w.reply),
-                Err(()) => {
-                    self.denied.fetch_add(1, Ordering::Relaxed);
-                    w.reply.error(libc::EIO)
-                }
+                Err(()) => w.reply.error(libc::EIO),
             }
         }
-        self.record();
     }
 
     /// Keep the counters where runs read them (a first touch's cost, never a cached read's).
@@ -1040,9 +1043,10 @@ impl Filesystem for RealmFs {
             }
             Some(f)
         }) {
-            serve(&f, *len, offset, size, reply);
             // The kernel asks only for pages it lacks: a first touch, never a cached read.
-            return c.record();
+            // Counted before the reader is released (see `answer`).
+            c.record();
+            return serve(&f, *len, offset, size, reply);
         }
         let mut waiting = lock(&c.waiting);
         // Verified already by an install still under way: read where it was verified.
@@ -1052,8 +1056,8 @@ impl Filesystem for RealmFs {
             if lock(&c.open).insert(ino, f.clone()).is_none() {
                 c.opened.fetch_add(1, Ordering::Relaxed);
             }
-            serve(&f, *len, offset, size, reply);
-            return c.record();
+            c.record();
+            return serve(&f, *len, offset, size, reply);
         }
         let first = !waiting.contains_key(&ino);
         waiting.entry(ino).or_default().push(Pending {

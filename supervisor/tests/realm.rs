@@ -958,6 +958,19 @@ fn an_ordinary_user_gets_realm_libraries_and_its_lazy_backend_is_fuse() {
         "{}",
         stderr(&out)
     );
+    // The server installs what it fetched, and the store builds its tree, after the read is
+    // answered: the next realm is shown from trees once both are there.
+    let trees = || {
+        listdir(&cache.join("trees"))
+            .iter()
+            .filter(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while trees() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(trees(), 2, "{:?}", listdir(&cache.join("trees")));
     let out = run_as(
         "r2",
         &[],
