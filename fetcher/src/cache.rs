@@ -51,11 +51,30 @@ use crate::{FetchConfig, FetchError, Result};
 
 /// The default cache root: `$XDG_CACHE_HOME/sigma-supervise`, else `~/.cache/sigma-supervise`.
 pub fn default_cache_root() -> PathBuf {
+    match default_cache_base() {
+        (base, true) => base.join("sigma-supervise"),
+        (home, false) => home.join(".cache").join("sigma-supervise"),
+    }
+}
+
+/// [`default_cache_root`] if it may be made: not when it lies in a home directory that does
+/// not exist (a service account's `/nonexistent`), which a run must never create on the
+/// host. `XDG_CACHE_HOME` itself is made when missing, as the XDG spec asks.
+pub fn default_cache_root_if_home() -> Option<PathBuf> {
+    match default_cache_base() {
+        (base, true) => Some(base.join("sigma-supervise")),
+        (home, false) if home.is_dir() => Some(home.join(".cache").join("sigma-supervise")),
+        (_, false) => None,
+    }
+}
+
+/// `($XDG_CACHE_HOME, true)` when it is set, else `($HOME, false)`.
+fn default_cache_base() -> (PathBuf, bool) {
     if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
-        return PathBuf::from(x).join("sigma-supervise");
+        return (PathBuf::from(x), true);
     }
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    PathBuf::from(home).join(".cache").join("sigma-supervise")
+    (PathBuf::from(home), false)
 }
 
 /// What [`RealmCache::ensure`] did.

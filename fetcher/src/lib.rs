@@ -22,9 +22,9 @@ pub mod store;
 mod wheel;
 
 pub use cache::{
-    default_cache_root, installed_packages, realm_complete, realm_trees, realm_trees_of,
-    CacheStats, Delegate, EnsureOutcome, FileHook, InstalledPackage, Placement, RealmCache,
-    TreeEntry, TreeView,
+    default_cache_root, default_cache_root_if_home, installed_packages, realm_complete,
+    realm_trees, realm_trees_of, CacheStats, Delegate, EnsureOutcome, FileHook, InstalledPackage,
+    Placement, RealmCache, TreeEntry, TreeView,
 };
 pub use config::FetchConfig;
 pub use error::{FetchError, Result};

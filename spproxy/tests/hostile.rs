@@ -654,3 +654,31 @@ fn an_unusable_scratch_directory_fails_only_the_calls_that_need_it() {
     assert_eq!(cl.get_file("name/s3/~local/bkt/obj").unwrap(), b"object");
     assert!(!dir.path().join("file/scratch").exists());
 }
+
+/// A scratch directory its caller refuses (a home that does not exist) is never made, even
+/// where it could be: its calls fail, the others are served.
+#[test]
+fn a_refused_scratch_directory_is_not_made() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = dir.path().join("home/.cache/scratch");
+    let objects = dir.path().join("objects");
+    std::fs::create_dir_all(objects.join("bkt")).unwrap();
+    std::fs::write(objects.join("bkt/obj"), b"object").unwrap();
+    let store = Arc::new(LocalDirStore::new(&objects));
+    let cfg =
+        ServerConfig::new("hostile", &scratch, store).without_scratch(nix::errno::Errno::ENOENT);
+    let server = Server::new(cfg).unwrap();
+    let why = server.scratch_error().expect("the scratch is refused");
+    assert!(format!("{why}").contains("home/.cache/scratch"), "{why}");
+    let (c, s) = UnixStream::pair().unwrap();
+    server.serve_stream(s);
+    let cl = Client::from_stream(c, None).unwrap();
+    cl.started().unwrap();
+    let e = cl
+        .put_file("name/ux/~local/x", 0o644, OWRITE, b"x", 0, NO_LEASE_ID)
+        .unwrap_err();
+    assert!(e.code().is_some(), "a σOS error: {e}");
+    assert_eq!(cl.get_file("name/s3/~local/bkt/obj").unwrap(), b"object");
+    assert!(!dir.path().join("home").exists());
+}

@@ -377,11 +377,12 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
     }
     jail::mark("realm");
     let trace = stats::TraceSink::open(cli.trace.as_deref())?;
+    // The compiled profiles' cache; none in a home that does not exist.
     let cache_root = cli
         .realm
         .cache_dir
         .clone()
-        .unwrap_or_else(fetcher::cache::default_cache_root);
+        .or_else(fetcher::default_cache_root_if_home);
     // Tracing or counting in the jail: writes it refuses as read-only are explained.
     let hints = !cli.jail.no_jail && (trace.is_some() || cli.stats);
     let compiled::Compiled {
@@ -401,7 +402,7 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
             notify_paths: cli.always_notify || trace.is_some(),
             read_only_hints: hints,
         },
-        Some(&cache_root),
+        cache_root.as_deref(),
     )?;
     tracing::debug!(cached, "profile {} compiled", cli.profile);
     jail::mark("policy");

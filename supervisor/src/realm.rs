@@ -213,10 +213,16 @@ impl RealmPlan {
                 opts.realm
             ));
         }
-        let root = opts
-            .cache_dir
-            .clone()
-            .unwrap_or_else(fetcher::default_cache_root);
+        let root = match &opts.cache_dir {
+            Some(d) => d.clone(),
+            None => fetcher::default_cache_root_if_home().ok_or_else(|| {
+                anyhow!(
+                    "the default cache root {} is in a home directory that does not exist: \
+                     pass --cache-dir DIR (or set XDG_CACHE_HOME)",
+                    fetcher::default_cache_root().display()
+                )
+            })?,
+        };
         let root = if root.is_absolute() {
             root
         } else {

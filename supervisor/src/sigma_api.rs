@@ -109,6 +109,9 @@ impl S3Backend {
 pub struct EmbeddedConfig {
     pub realm: String,
     pub scratch_dir: PathBuf,
+    /// `scratch_dir` lies in a home directory that does not exist: it is not made, and the
+    /// calls on name/ux/~local fail (see [`fetcher::default_cache_root_if_home`]).
+    pub scratch_homeless: bool,
     pub s3: S3Backend,
     pub limits: ServerLimits,
 }
@@ -147,15 +150,18 @@ fn parse_frame(s: &str) -> Result<u32, String> {
 impl EmbeddedConfig {
     /// `<cache-root>/realms/<realm>/ux` unless a scratch dir is given.
     pub fn new(realm: &str, scratch_dir: Option<PathBuf>, s3: S3Backend) -> EmbeddedConfig {
-        let scratch_dir = scratch_dir.unwrap_or_else(|| {
-            fetcher::default_cache_root()
-                .join("realms")
-                .join(realm)
-                .join("ux")
-        });
+        let in_root = |root: PathBuf| root.join("realms").join(realm).join("ux");
+        let (scratch_dir, scratch_homeless) = match scratch_dir {
+            Some(d) => (d, false),
+            None => match fetcher::default_cache_root_if_home() {
+                Some(root) => (in_root(root), false),
+                None => (in_root(fetcher::default_cache_root()), true),
+            },
+        };
         EmbeddedConfig {
             realm: realm.to_owned(),
             scratch_dir,
+            scratch_homeless,
             s3,
             limits: ServerLimits::default(),
         }
@@ -261,11 +267,13 @@ impl SigmaApi {
                     S3Backend::Dir(root) => Arc::new(LocalDirStore::new(root)),
                     S3Backend::Aws => Arc::new(FetcherObjects::new(embedded.s3.clone())),
                 };
-                let srv = Server::new(
+                let mut cfg =
                     ServerConfig::new(embedded.realm.clone(), embedded.scratch_dir.clone(), store)
-                        .with_limits(embedded.limits.clone()),
-                )
-                .context("embedded realm server")?;
+                        .with_limits(embedded.limits.clone());
+                if embedded.scratch_homeless {
+                    cfg = cfg.without_scratch(nix::errno::Errno::ENOENT);
+                }
+                let srv = Server::new(cfg).context("embedded realm server")?;
                 if let Some(e) = srv.scratch_error() {
                     tracing::info!("{e}: the σOS calls on name/ux/~local will fail");
                 }

@@ -871,7 +871,11 @@ fn sigterm_is_forwarded_to_the_child() {
 
 #[test]
 fn a_home_the_jail_does_not_show_becomes_its_private_tmp() {
-    let o = run(sup().env("HOME", "/nonexistent/home").args([
+    // A home that does not exist (a service account's /nonexistent) is not made on the host
+    // either: not by the proc, and not for the supervisor's own cache.
+    let gone = PathBuf::from(format!("/nonexistent-{}", std::process::id()));
+    let home = gone.join("home");
+    let o = run(sup().env("HOME", &home).env_remove("XDG_CACHE_HOME").args([
         "python3",
         "-c",
         "import os, pathlib; p = pathlib.Path.home() / '.cache' / 'x'; \
@@ -879,6 +883,20 @@ fn a_home_the_jail_does_not_show_becomes_its_private_tmp() {
     ]));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o), "/tmp ok\n");
+    assert!(!gone.exists(), "{} was made on the host", gone.display());
+    // A realm needs a cache root: one line says how to give one, and still nothing is made.
+    let o = run(sup().env("HOME", &home).env_remove("XDG_CACHE_HOME").args([
+        "--realm",
+        "r",
+        "--bucket",
+        "file:///nonexistent-bucket",
+        "/bin/true",
+    ]));
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--cache-dir"), "{err}");
+    assert!(!gone.exists(), "{} was made on the host", gone.display());
     // A home the jail shows (here: inside the working directory) stays as it is.
     let dir = tempfile::tempdir().unwrap();
     let home = interp::home_in(dir.path());

@@ -102,6 +102,8 @@ pub struct ServerConfig {
     pub realm: String,
     /// Root of `name/ux/~local/`; created if missing.
     pub scratch_dir: PathBuf,
+    /// Why `scratch_dir` must not be made (its calls fail with this), when its caller knows.
+    pub scratch_refused: Option<nix::errno::Errno>,
     /// Backend of `name/s3/~local/BUCKET/KEY`.
     pub store: Arc<dyn ObjectStore>,
     pub limits: ServerLimits,
@@ -116,9 +118,16 @@ impl ServerConfig {
         ServerConfig {
             realm: realm.into(),
             scratch_dir: scratch_dir.into(),
+            scratch_refused: None,
             store,
             limits: ServerLimits::default(),
         }
+    }
+
+    /// The scratch directory is not to be made or opened: its calls fail with `why`.
+    pub fn without_scratch(mut self, why: nix::errno::Errno) -> ServerConfig {
+        self.scratch_refused = Some(why);
+        self
     }
 
     pub fn with_limits(mut self, limits: ServerLimits) -> ServerConfig {
@@ -218,8 +227,15 @@ impl Server {
     /// request first needs it. A scratch directory that cannot be made or opened is not an
     /// error here: [`Server::scratch_error`] says why, and the calls that need it fail.
     pub fn new(cfg: ServerConfig) -> Result<Server, ServerError> {
-        let root = std::fs::create_dir_all(&cfg.scratch_dir)
-            .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+        let made = match cfg.scratch_refused {
+            Some(why) => Err(why),
+            None => Ok(()),
+        };
+        let root = made
+            .and_then(|()| {
+                std::fs::create_dir_all(&cfg.scratch_dir)
+                    .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+            })
             .and_then(|()| {
                 nix::fcntl::open(
                     &cfg.scratch_dir,
