@@ -63,7 +63,8 @@ pub struct RealmOpts {
     pub bucket: Option<String>,
 
     /// Cache root shared by every realm, also holding the compiled profiles [default:
-    /// $XDG_CACHE_HOME/sigma-supervise or ~/.cache/sigma-supervise]. Hidden from the target.
+    /// $XDG_CACHE_HOME/sigma-supervise or ~/.cache/sigma-supervise; none where $HOME is not a
+    /// directory: a run makes no home]. Hidden from the target.
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
 
@@ -217,8 +218,8 @@ impl RealmPlan {
             Some(d) => d.clone(),
             None => fetcher::default_cache_root_if_home().ok_or_else(|| {
                 anyhow!(
-                    "the default cache root {} is in a home directory that does not exist: \
-                     pass --cache-dir DIR (or set XDG_CACHE_HOME)",
+                    "the default cache root {} is in a home that is not a directory (a run \
+                     makes no home): pass --cache-dir DIR (or set XDG_CACHE_HOME)",
                     fetcher::default_cache_root().display()
                 )
             })?,
