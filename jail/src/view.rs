@@ -5,7 +5,7 @@
 //!   `/etc` (an allow-list: no shadow, gshadow, sudoers, ssh keys, ...; `passwd`/`group`
 //!   generated with the proc's own user; its small files copied, its directories bound), the
 //!   program's prefix when it lives outside `/usr`
-//!   (a venv and the interpreter it points to, pyenv), the directory of each argument that names
+//!   (a venv and the interpreter it points to, pyenv; a script's `#!` interpreter), the directory of each argument that names
 //!   an existing file (the script);
 //! - the working directory read-write (or read-only, or not at all: [`CwdMode`]);
 //! - private `/tmp`, minimal `/dev`, fresh `/proc` — see [`crate::plan`].
@@ -277,6 +277,14 @@ impl ViewOptions {
         if let Some(abs) = absolute(&self.program, &self.cwd) {
             progs.push(abs);
         }
+        // A script's interpreter is what the kernel runs (a venv's console script names the
+        // venv's python, itself a symlink to an interpreter elsewhere): shown as the program.
+        if let Some(interp) = absolute(&self.program, &self.cwd).and_then(|p| interpreter_of(&p)) {
+            if let Ok(real) = std::fs::canonicalize(&interp) {
+                progs.push(real);
+            }
+            progs.push(interp);
+        }
         for p in progs {
             // A relative name (`./tool`) counts in its absolute form, pushed above.
             if !p.is_absolute() || in_system(&p) {
@@ -350,6 +358,56 @@ impl ViewOptions {
     }
 }
 
+/// The interpreter a script's `#!` line names, one level deep as the kernel reads it; for
+/// `/usr/bin/env NAME` (options skipped), NAME as found on PATH. `None` for a binary, or an
+/// interpreter that is not an absolute path to an executable file (a `#!` line planted to
+/// name a host file shows nothing the kernel would not run).
+fn interpreter_of(script: &Path) -> Option<PathBuf> {
+    use std::io::Read as _;
+    use std::os::unix::ffi::OsStrExt as _;
+    // The kernel reads at most this much of the line (BINPRM_BUF_SIZE).
+    let mut head = [0u8; 256];
+    let mut f = std::fs::File::open(script).ok()?;
+    let mut n = 0;
+    while n < head.len() {
+        match f.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = &line[..line.iter().position(|&c| c == b'\n').unwrap_or(line.len())];
+    let mut words = line
+        .split(|c| c.is_ascii_whitespace())
+        .filter(|w| !w.is_empty());
+    let interp = Path::new(std::ffi::OsStr::from_bytes(words.next()?));
+    if !interp.is_absolute() {
+        return None;
+    }
+    let found = if interp.file_name().is_some_and(|n| n == "env") {
+        let name = words.find(|w| !w.starts_with(b"-") && !w.contains(&b'='))?;
+        let name = std::ffi::OsStr::from_bytes(name);
+        if name.as_bytes().contains(&b'/') {
+            PathBuf::from(name)
+        } else {
+            let path = std::env::var_os("PATH")?;
+            std::env::split_paths(&path)
+                .filter(|d| d.is_absolute())
+                .map(|d| d.join(name))
+                .find(|c| c.is_file())?
+        }
+    } else {
+        interp.to_path_buf()
+    };
+    // Only what the kernel could run: an executable file.
+    let exec = std::fs::metadata(&found).is_ok_and(|m| {
+        m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+    });
+    (found.is_absolute() && exec).then_some(found)
+}
+
 fn absolute(p: &Path, cwd: &Path) -> Option<PathBuf> {
     if p.as_os_str().is_empty() {
         return None;
@@ -411,6 +469,43 @@ fn push_ro(s: &mut JailSpec, p: PathBuf) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scripts_interpreter_is_read_from_its_first_line() {
+        let d = tempfile::tempdir().unwrap();
+        let f = |name: &str, text: &[u8]| {
+            let p = d.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            interpreter_of(&p)
+        };
+        assert_eq!(f("named", b"#!/bin/sh -e\necho\n"), Some("/bin/sh".into()));
+        assert_eq!(f("spaced", b"#!  /bin/sh\n"), Some("/bin/sh".into()));
+        // Found on PATH through env, its options and assignments skipped.
+        let sh = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+            .filter(|d| d.is_absolute())
+            .map(|d| d.join("sh"))
+            .find(|c| c.is_file())
+            .unwrap();
+        assert_eq!(f("env", b"#!/usr/bin/env -S A=1 sh -x\n"), Some(sh));
+        assert_eq!(
+            f("env-path", b"#!/usr/bin/env /bin/sh\n"),
+            Some("/bin/sh".into())
+        );
+        // Not an interpreter to show: a binary, a relative name, a missing file, a line
+        // past what the kernel reads, nothing after env.
+        assert_eq!(f("binary", b"\x7fELF\x02\x01"), None);
+        assert_eq!(f("relative", b"#!sh\n"), None);
+        assert_eq!(f("missing", b"#!/nonexistent/bin/tool\n"), None);
+        let mut long = b"#!".to_vec();
+        long.extend(std::iter::repeat_n(b'/', 300));
+        long.extend(b"bin/sh\n");
+        assert_eq!(f("long", &long), None);
+        assert_eq!(f("bare-env", b"#!/usr/bin/env\n"), None);
+        let plain = d.path().join("plain");
+        std::fs::write(&plain, b"not a program").unwrap();
+        let line = format!("#!{}\n", plain.display());
+        assert_eq!(f("not-executable", line.as_bytes()), None);
+    }
 
     #[test]
     fn home_and_root_are_never_shown_whole() {

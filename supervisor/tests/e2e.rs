@@ -1505,3 +1505,40 @@ fn a_failed_run_names_the_paths_of_its_command_line_the_jail_does_not_show() {
     assert_eq!(stdout(&o), "a,b\n", "{}", stderr(&o));
     assert!(!stderr(&o).contains("not shown"), "{}", stderr(&o));
 }
+
+/// A script's interpreter is what the kernel runs: shown like the program itself (a venv's
+/// console script names the venv's python, a symlink to an interpreter outside the system
+/// dirs), whether the `#!` line names it or `/usr/bin/env` finds it on PATH; only its prefix.
+#[test]
+fn a_scripts_interpreter_outside_the_system_dirs_is_shown() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let tools = tempfile::tempdir().unwrap();
+    let bin = tools.path().join("prefix/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let interp = bin.join("own-sh");
+    std::fs::copy("/bin/sh", &interp).unwrap();
+    let beside = tools.path().join("beside");
+    std::fs::write(&beside, "host-only").unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let body = format!(
+        "echo \"$0 ran\"; test -e {} && echo beside shown || echo beside hidden",
+        beside.display()
+    );
+    let script = |name: &str, line: String| {
+        let p = project.path().join(name);
+        std::fs::write(&p, format!("{line}\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    script("named", format!("#!{}", interp.display()));
+    let o = run(sup().current_dir(project.path()).arg("./named"));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "./named ran\nbeside hidden\n");
+    script("by-env", "#!/usr/bin/env -S own-sh".into());
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let o = run(sup()
+        .current_dir(project.path())
+        .env("PATH", &path)
+        .arg("./by-env"));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "./by-env ran\nbeside hidden\n");
+}
