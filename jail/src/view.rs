@@ -4,9 +4,9 @@
 //! - read-only: `/usr`, `/bin`, `/sbin`, `/lib*` (symlinks kept as symlinks), `/sys`, a curated
 //!   `/etc` (an allow-list: no shadow, gshadow, sudoers, ssh keys, ...; `passwd`/`group`
 //!   generated with the proc's own user; its small files copied, its directories bound), the
-//!   program's prefix when it lives outside `/usr`
-//!   (a venv and the interpreter it points to, pyenv; a script's `#!` interpreter), the directory of each argument that names
-//!   an existing file (the script);
+//!   program's prefix when it lives outside `/usr` (a venv and the interpreter it points to,
+//!   pyenv; a script's `#!` interpreter), the directory of the first argument that names an
+//!   existing file (the script);
 //! - the working directory read-write (or read-only, or not at all: [`CwdMode`]);
 //! - private `/tmp`, minimal `/dev`, fresh `/proc` — see [`crate::plan`].
 use crate::{Bind, GeneratedFile, JailSpec};
