@@ -396,16 +396,19 @@ fn interpreter_of(script: &Path) -> Option<PathBuf> {
             std::env::split_paths(&path)
                 .filter(|d| d.is_absolute())
                 .map(|d| d.join(name))
-                .find(|c| c.is_file())?
+                .find(|c| executable(c))?
         }
     } else {
         interp.to_path_buf()
     };
-    // Only what the kernel could run: an executable file.
-    let exec = std::fs::metadata(&found).is_ok_and(|m| {
-        m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
-    });
-    (found.is_absolute() && exec).then_some(found)
+    // Only what the kernel could run.
+    (found.is_absolute() && executable(&found)).then_some(found)
+}
+
+/// An executable file (as env(1) looks for one on PATH).
+fn executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 fn absolute(p: &Path, cwd: &Path) -> Option<PathBuf> {
@@ -484,7 +487,7 @@ mod tests {
         let sh = std::env::split_paths(&std::env::var_os("PATH").unwrap())
             .filter(|d| d.is_absolute())
             .map(|d| d.join("sh"))
-            .find(|c| c.is_file())
+            .find(|c| executable(c))
             .unwrap();
         assert_eq!(f("env", b"#!/usr/bin/env -S A=1 sh -x\n"), Some(sh));
         assert_eq!(
