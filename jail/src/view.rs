@@ -5,8 +5,8 @@
 //!   `/etc` (an allow-list: no shadow, gshadow, sudoers, ssh keys, ...; `passwd`/`group`
 //!   generated with the proc's own user; its small files copied, its directories bound), the
 //!   program's prefix when it lives outside `/usr` (a venv and the interpreter it points to,
-//!   pyenv; a script's `#!` interpreter), the directory of the first argument that names an
-//!   existing file (the script);
+//!   pyenv; a script's `#!` interpreter; of `~/.local` only `bin`, `lib`, `lib64`), the
+//!   directory of the first argument that names an existing file (the script);
 //! - the working directory read-write (or read-only, or not at all: [`CwdMode`]);
 //! - private `/tmp`, minimal `/dev`, fresh `/proc` — see [`crate::plan`].
 use crate::{Bind, GeneratedFile, JailSpec};
@@ -291,7 +291,7 @@ impl ViewOptions {
                 continue;
             }
             match prefix_of(&p) {
-                Some(prefix) => push_ro(&mut s, prefix),
+                Some(prefix) => push_prefix(&mut s, prefix),
                 // In a directory too broad to show: the program alone.
                 None if p.is_file() => push_ro(&mut s, p),
                 None => {}
@@ -456,6 +456,23 @@ pub fn unshown_named(args: &[OsString], cwd: &Path, shown: &[PathBuf], max: usiz
         }
     }
     out
+}
+
+/// Show a program's install prefix read-only. A user's `~/.local` is also where programs
+/// keep their data and state (`share/`, `state/`: keyrings, histories): of it only what an
+/// install puts there (`bin`, `lib`, `lib64`) is shown.
+fn push_prefix(s: &mut JailSpec, prefix: PathBuf) {
+    let user_local =
+        prefix.file_name().is_some_and(|n| n == ".local") && prefix.parent().is_some_and(home_like);
+    if !user_local {
+        return push_ro(s, prefix);
+    }
+    for d in ["bin", "lib", "lib64"] {
+        let p = prefix.join(d);
+        if p.is_dir() {
+            push_ro(s, p);
+        }
+    }
 }
 
 /// Add a read-only bind unless an existing bind already shows it.

@@ -1542,3 +1542,61 @@ fn a_scripts_interpreter_outside_the_system_dirs_is_shown() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stdout(&o), "./by-env ran\nbeside hidden\n");
 }
+
+/// A program installed in the user's `~/.local` (`pip install --user`, pipx) runs with what an
+/// install put there (`bin`, `lib`), not with the rest of `~/.local` (`share`, `state`: where
+/// programs keep keyrings and histories).
+#[test]
+fn a_program_in_the_users_local_prefix_sees_its_install_not_the_users_data() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let local = home.join(".local");
+    for d in [
+        "bin",
+        "lib/python3/site-packages",
+        "share/keyrings",
+        "state",
+    ] {
+        std::fs::create_dir_all(local.join(d)).unwrap();
+    }
+    std::fs::write(local.join("lib/python3/site-packages/mod.py"), "X = 1\n").unwrap();
+    std::fs::write(local.join("share/keyrings/login.keyring"), "secret").unwrap();
+    std::fs::write(local.join("state/history"), "secret").unwrap();
+    let tool = local.join("bin/tool");
+    let probe = |p: &str| {
+        let p = local.join(p);
+        format!(
+            "test -e {} && echo '{p} shown' || echo '{p} hidden'",
+            p.display(),
+            p = p.strip_prefix(&home).unwrap().display()
+        )
+    };
+    std::fs::write(
+        &tool,
+        format!(
+            "#!/bin/sh\n{}\n{}\n{}\n",
+            probe("lib/python3/site-packages/mod.py"),
+            probe("share/keyrings/login.keyring"),
+            probe("state/history")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let o = run(sup()
+        .current_dir(project.path())
+        .env("HOME", &home)
+        .env(
+            "PATH",
+            format!("{}:/usr/bin:/bin", local.join("bin").display()),
+        )
+        .arg("tool"));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        ".local/lib/python3/site-packages/mod.py shown\n\
+         .local/share/keyrings/login.keyring hidden\n\
+         .local/state/history hidden\n"
+    );
+}
