@@ -275,15 +275,17 @@ impl ViewOptions {
             progs.push(real);
         }
         if let Some(abs) = absolute(&self.program, &self.cwd) {
+            // A script's interpreter is what the kernel runs (a venv's console script names
+            // the venv's python, itself a symlink to an interpreter elsewhere): shown as the
+            // program.
+            let interp = interpreter_of(&abs);
             progs.push(abs);
-        }
-        // A script's interpreter is what the kernel runs (a venv's console script names the
-        // venv's python, itself a symlink to an interpreter elsewhere): shown as the program.
-        if let Some(interp) = absolute(&self.program, &self.cwd).and_then(|p| interpreter_of(&p)) {
-            if let Ok(real) = std::fs::canonicalize(&interp) {
-                progs.push(real);
+            if let Some(interp) = interp {
+                if let Ok(real) = std::fs::canonicalize(&interp) {
+                    progs.push(real);
+                }
+                progs.push(interp);
             }
-            progs.push(interp);
         }
         for p in progs {
             // A relative name (`./tool`) counts in its absolute form, pushed above.
@@ -392,11 +394,7 @@ fn interpreter_of(script: &Path) -> Option<PathBuf> {
         if name.as_bytes().contains(&b'/') {
             PathBuf::from(name)
         } else {
-            let path = std::env::var_os("PATH")?;
-            std::env::split_paths(&path)
-                .filter(|d| d.is_absolute())
-                .map(|d| d.join(name))
-                .find(|c| executable(c))?
+            find_on_path(name)?
         }
     } else {
         interp.to_path_buf()
@@ -405,10 +403,24 @@ fn interpreter_of(script: &Path) -> Option<PathBuf> {
     (found.is_absolute() && executable(&found)).then_some(found)
 }
 
-/// An executable file (as env(1) looks for one on PATH).
+/// The first executable file named `name` on PATH (`/usr/bin:/bin` without one; an empty
+/// entry is the working directory), as a shell or env(1) finds a program.
+pub fn find_on_path(name: &std::ffi::OsStr) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
+    std::env::split_paths(&path)
+        .map(|d| {
+            if d.as_os_str().is_empty() {
+                PathBuf::from(".").join(name)
+            } else {
+                d.join(name)
+            }
+        })
+        .find(|c| executable(c))
+}
+
+/// A file this process may execute.
 fn executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    p.is_file() && nix::unistd::access(p, nix::unistd::AccessFlags::X_OK).is_ok()
 }
 
 fn absolute(p: &Path, cwd: &Path) -> Option<PathBuf> {
@@ -501,11 +513,7 @@ mod tests {
         assert_eq!(f("named", b"#!/bin/sh -e\necho\n"), Some("/bin/sh".into()));
         assert_eq!(f("spaced", b"#!  /bin/sh\n"), Some("/bin/sh".into()));
         // Found on PATH through env, its options and assignments skipped.
-        let sh = std::env::split_paths(&std::env::var_os("PATH").unwrap())
-            .filter(|d| d.is_absolute())
-            .map(|d| d.join("sh"))
-            .find(|c| executable(c))
-            .unwrap();
+        let sh = find_on_path("sh".as_ref()).unwrap();
         assert_eq!(f("env", b"#!/usr/bin/env -S A=1 sh -x\n"), Some(sh));
         assert_eq!(
             f("env-path", b"#!/usr/bin/env /bin/sh\n"),

@@ -55,19 +55,8 @@ pub fn find_program(arg0: &OsStr) -> Result<PathBuf, Failure> {
         }
         return Ok(p);
     }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
-    for dir in std::env::split_paths(&path) {
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
-        };
-        let cand = dir.join(arg0);
-        if cand.is_file() && access(&cand, AccessFlags::X_OK).is_ok() {
-            return Ok(cand);
-        }
-    }
-    Err(not_found(format!("{shown}: command not found on PATH")))
+    jail::view::find_on_path(arg0)
+        .ok_or_else(|| not_found(format!("{shown}: command not found on PATH")))
 }
 
 /// An over-mount that makes the kernel itself refuse a denied path.
