@@ -377,7 +377,8 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
     }
     jail::mark("realm");
     let trace = stats::TraceSink::open(cli.trace.as_deref())?;
-    // The compiled profiles' cache; none in a home that does not exist.
+    // The compiled profiles' cache and the embedded server's scratch; none in a home that does
+    // not exist.
     let cache_root = cli
         .realm
         .cache_dir
@@ -418,11 +419,8 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
             tracing::info!("--stats: calls that write stay notified for the read-only hint");
         }
     }
-    let mut api = sigma_api::SigmaApi::from_opts(
-        &cli.sigma,
-        &cli.realm.realm,
-        cli.realm.cache_dir.as_deref(),
-    )?;
+    let mut api =
+        sigma_api::SigmaApi::from_opts(&cli.sigma, &cli.realm.realm, cache_root.as_deref())?;
     jail::mark("api");
     let s3_dir = match &cli.sigma.s3 {
         sigma_api::S3Backend::Dir(d) => Some(format!("file://{}", d.display())),

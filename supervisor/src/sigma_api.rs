@@ -147,16 +147,18 @@ fn parse_frame(s: &str) -> Result<u32, String> {
     }
 }
 
+/// `<cache-root>/realms/<realm>/ux`.
+fn scratch_in(cache_root: &Path, realm: &str) -> PathBuf {
+    cache_root.join("realms").join(realm).join("ux")
+}
+
 impl EmbeddedConfig {
-    /// `<cache-root>/realms/<realm>/ux` unless a scratch dir is given.
+    /// `scratch_dir`; `None` where there is no cache root (see
+    /// [`fetcher::default_cache_root_if_home`]): the default root's, which is not made.
     pub fn new(realm: &str, scratch_dir: Option<PathBuf>, s3: S3Backend) -> EmbeddedConfig {
-        let in_root = |root: PathBuf| root.join("realms").join(realm).join("ux");
         let (scratch_dir, scratch_homeless) = match scratch_dir {
             Some(d) => (d, false),
-            None => match fetcher::default_cache_root_if_home() {
-                Some(root) => (in_root(root), false),
-                None => (in_root(fetcher::default_cache_root()), true),
-            },
+            None => (scratch_in(&fetcher::default_cache_root(), realm), true),
         };
         EmbeddedConfig {
             realm: realm.to_owned(),
@@ -215,7 +217,8 @@ pub struct SigmaApi {
 }
 
 impl SigmaApi {
-    /// From the options, the realm name and the cache root (`None`: the fetcher's default).
+    /// From the options, the realm name and the cache root (`None`: there is none, as for a
+    /// home that is not a directory).
     pub fn from_opts(
         opts: &SigmaOpts,
         realm: &str,
@@ -234,7 +237,7 @@ impl SigmaApi {
         let scratch = opts
             .scratch_dir
             .clone()
-            .or_else(|| cache_root.map(|root| root.join("realms").join(realm).join("ux")));
+            .or_else(|| cache_root.map(|root| scratch_in(root, realm)));
         let mut embedded = EmbeddedConfig::new(realm, scratch, opts.s3.clone());
         embedded.limits.scratch_quota = opts.scratch_quota;
         embedded.limits.max_frame = opts.max_frame;

@@ -227,11 +227,9 @@ impl Server {
     /// request first needs it. A scratch directory that cannot be made or opened is not an
     /// error here: [`Server::scratch_error`] says why, and the calls that need it fail.
     pub fn new(cfg: ServerConfig) -> Result<Server, ServerError> {
-        let made = match cfg.scratch_refused {
-            Some(why) => Err(why),
-            None => Ok(()),
-        };
-        let root = made
+        let root = cfg
+            .scratch_refused
+            .map_or(Ok(()), Err)
             .and_then(|()| {
                 std::fs::create_dir_all(&cfg.scratch_dir)
                     .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
