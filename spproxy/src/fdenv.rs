@@ -8,7 +8,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::Error;
+use crate::error::Error;
 
 /// Set once the inherited fd has been adopted: it has exactly one owner per process.
 static ADOPTED: AtomicBool = AtomicBool::new(false);

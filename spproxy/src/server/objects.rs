@@ -9,8 +9,7 @@ use crate::proto::{Rerror, TstatProto};
 use crate::store::StoreError;
 
 use super::fds::{DirSource, FdTable, Handle};
-use super::paths::last;
-use super::reply::{rerr, store_rerr};
+use super::reply::{last, rerr, store_rerr};
 use super::ux::{mk_stat, MAX_DIR_ENTRIES};
 use super::Inner;
 

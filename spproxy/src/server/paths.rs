@@ -6,6 +6,7 @@
 use crate::consts::{ECODE_INVAL, ECODE_NOTFOUND, ECODE_NOTSUPPORTED, ECODE_PERM};
 use crate::proto::Rerror;
 
+pub use super::reply::last;
 use super::reply::rerr;
 
 /// Longest path the server resolves (Linux's PATH_MAX).
@@ -57,14 +58,6 @@ pub fn parse(path: &str) -> Result<Target<'_>, Rerror> {
         }
         _ => Err(notfound()),
     }
-}
-
-/// The last component of a path (σOS reports it as the error's object).
-pub fn last(path: &str) -> &str {
-    path.trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .unwrap_or(path)
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
 //! σOS errors and reply frames: one place turns a result into what the Go client expects.
+//! A leaf: every server module may use it, and it imports none of them.
 
 use std::io;
 
@@ -9,7 +10,13 @@ use crate::proto::*;
 use crate::rpc::{self, RpcMessage};
 use crate::store::StoreError;
 
-use super::paths::last;
+/// The last component of a path (σOS reports it as the error's object).
+pub fn last(path: &str) -> &str {
+    path.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or(path)
+}
 
 pub fn rerr(code: u32, obj: &str, msg: &str) -> Rerror {
     Rerror {

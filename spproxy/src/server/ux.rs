@@ -16,8 +16,7 @@ use crate::consts::*;
 use crate::proto::{Rerror, TqidProto, TstatProto};
 
 use super::fds::{self, DirSource, Handle};
-use super::paths::last;
-use super::reply::{errno_rerr, io_rerr, no_space, rerr};
+use super::reply::{errno_rerr, io_rerr, last, no_space, rerr};
 use super::Inner;
 
 /// Entries one directory listing may hold.
