@@ -1,0 +1,199 @@
+// Package sigmasupervise_e2e is the σOS client of scripts/sigmaos-e2e: it spawns procs on a
+// one-machine σOS that the script booted, and judges them by σOS's own records (Started, Exited,
+// the exit status) and by what the procs wrote to named.
+//
+// It is ours, not σOS's: scripts/sigmaos-e2e copies this directory into an extracted σOS tree
+// (as ./sigmasupervise_e2e) and builds it there with `go test -c`, because σOS's module path
+// `sigmaos` cannot be fetched as a dependency. Run it as the script does:
+//
+//	e2e.test -etcdIP 127.0.0.1 -nodialproxy -no-shutdown -test.v
+//
+// Every proof is one row of the `cases` table below; every wait has a deadline, so a proc that
+// σOS never records as exited fails its row instead of hanging the run.
+package sigmasupervise_e2e
+
+import (
+	"flag"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"sigmaos/proc"
+	sp "sigmaos/sigmap"
+	"sigmaos/test"
+)
+
+var (
+	rounds  = flag.Int("e2e.rounds", 5, "spawns of the timed sleeper case (its median is reported)")
+	waitFor = flag.Duration("e2e.wait", 30*time.Second, "deadline of each WaitStart and WaitExit")
+	gapWait = flag.Duration("e2e.gap-wait", 5*time.Second, "how long a known gap's silence is awaited")
+	// The upstream trampoline leaves gaps that a trampoline of ours must close: with this flag
+	// a case that names a gap proves the gap (σOS stays silent) instead of failing on it.
+	upstream = flag.Bool("e2e.upstream", false, "the installed trampoline is σOS's own")
+)
+
+// want is what σOS must have recorded for a proc.
+type want int
+
+const (
+	wantOK    want = iota // Started, then Exited with status OK
+	wantError             // status ERROR (a non-zero exit or a signal without Exited)
+)
+
+// spawnCase is one proof: a program σOS runs through the installed uproc-trampoline.
+type spawnCase struct {
+	name    string
+	prog    string
+	args    func(pid sp.Tpid) []string
+	started bool // the proc calls Started: WaitStart must return
+	want    want
+	msg     string // a wantError status's message must contain it
+	// check, if set, runs after a passing exit (e.g. reads what the proc wrote to named).
+	check func(t *testing.T, ts *test.Tstate, pid sp.Tpid)
+	// upstreamGap, if set, says what the upstream trampoline leaves undone here: under
+	// -e2e.upstream the case passes when WaitExit stays unanswered for -e2e.gap-wait.
+	upstreamGap string
+}
+
+var cases = []spawnCase{
+	{
+		name:    "sleeper",
+		prog:    "sleeper",
+		args:    func(sp.Tpid) []string { return []string{"0ms", "name/"} },
+		started: true,
+		want:    wantOK,
+		check:   checkSleeperOut,
+	},
+	// The programs below are ours (tests/sigmaos/procs/, installed as e2e-<name>-v1.0) and
+	// never speak to σOS: procd's own record of how they ended is what is checked.
+	{name: "exit1", prog: "e2e-exit1", args: noArgs, want: wantError, msg: "(exit status 1)"},
+	{
+		name: "python-segv", prog: "e2e-segv", args: noArgs, want: wantError,
+		msg: "(signal: segmentation fault)",
+	},
+	{
+		name: "exit0-without-exited", prog: "e2e-exit0", args: noArgs, want: wantError,
+		upstreamGap: "an exit 0 without Exited is recorded nowhere: WaitExit never answers",
+	},
+}
+
+func noArgs(sp.Tpid) []string { return nil }
+
+// checkSleeperOut: σOS's sleeper writes "hello" to name/<pid>_out through the σOS API.
+func checkSleeperOut(t *testing.T, ts *test.Tstate, pid sp.Tpid) {
+	pn := "name/" + pid.String() + "_out"
+	b, err := ts.GetFile(pn)
+	if err != nil {
+		t.Errorf("%v: %v", pn, err)
+		return
+	}
+	if string(b) != "hello" {
+		t.Errorf("%v holds %q, want \"hello\"", pn, b)
+	}
+	ts.Remove(pn)
+}
+
+// within runs f with a deadline; past it the call is abandoned (σOS offers no cancel) and the
+// proof fails.
+func within[T any](d time.Duration, what string, f func() (T, error)) (T, error) {
+	type res struct {
+		v   T
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		v, err := f()
+		ch <- res{v, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-time.After(d):
+		var zero T
+		return zero, fmt.Errorf("%v: no answer within %v", what, d)
+	}
+}
+
+// runCase spawns one proc and checks σOS's records; it returns the time from Spawn to the
+// return of WaitExit.
+func runCase(t *testing.T, ts *test.Tstate, c spawnCase) time.Duration {
+	pid := sp.GenPid(c.prog)
+	p := proc.NewProcPid(pid, c.prog, c.args(pid))
+	start := time.Now()
+	if err := ts.Spawn(p); err != nil {
+		t.Fatalf("Spawn %v: %v", pid, err)
+	}
+	if c.started {
+		if _, err := within(*waitFor, "WaitStart "+pid.String(), func() (struct{}, error) {
+			return struct{}{}, ts.WaitStart(pid)
+		}); err != nil {
+			t.Fatalf("WaitStart %v: %v", pid, err)
+		}
+	}
+	if c.upstreamGap != "" && *upstream {
+		_, err := within(*gapWait, "WaitExit "+pid.String(), func() (*proc.Status, error) {
+			return ts.WaitExit(pid)
+		})
+		if err == nil {
+			t.Fatalf("%v: known upstream gap (%v) not seen: WaitExit answered", pid, c.upstreamGap)
+		}
+		fmt.Printf("E2E gap %v: %v (no answer in %v)\n", c.name, c.upstreamGap, *gapWait)
+		return 0
+	}
+	status, err := within(*waitFor, "WaitExit "+pid.String(), func() (*proc.Status, error) {
+		return ts.WaitExit(pid)
+	})
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatalf("WaitExit %v: %v", pid, err)
+	}
+	switch c.want {
+	case wantOK:
+		if status == nil || !status.IsStatusOK() {
+			t.Fatalf("%v: status %v, want OK", pid, status)
+		}
+	case wantError:
+		if status == nil || !status.IsStatusErr() {
+			t.Fatalf("%v: status %v, want ERROR", pid, status)
+		}
+		if !strings.Contains(status.Msg(), c.msg) {
+			t.Fatalf("%v: status message %q lacks %q", pid, status.Msg(), c.msg)
+		}
+		fmt.Printf("E2E status %v: %v\n", c.name, status.Msg())
+	}
+	if c.check != nil {
+		c.check(t, ts, pid)
+	}
+	return elapsed
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+// TestProcs runs every case once, then the sleeper case `-e2e.rounds` times for its timing.
+// The script greps the "E2E" lines.
+func TestProcs(t *testing.T) {
+	ts, err := test.NewTstateAll(t)
+	if err != nil {
+		t.Fatalf("connect to σOS: %v", err)
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := runCase(t, ts, c)
+			fmt.Printf("E2E case %v ok spawn-to-exit %v\n", c.name, d.Round(time.Millisecond))
+		})
+	}
+	t.Run("timing", func(t *testing.T) {
+		var ds []time.Duration
+		for i := 0; i < *rounds; i++ {
+			ds = append(ds, runCase(t, ts, cases[0]))
+		}
+		fmt.Printf("E2E timing %v spawn-to-exit median %v of %d (all %v)\n", cases[0].name,
+			median(ds).Round(time.Millisecond), len(ds), ds)
+	})
+}
