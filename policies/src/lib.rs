@@ -11,9 +11,11 @@
 #![forbid(unsafe_code)]
 
 pub mod errno;
+mod error;
 mod paths;
 mod profile;
 
+pub use error::PolicyError;
 pub use paths::{PathAction, PathDecision, PathRule};
 pub use profile::{
     parse_serve_arg, DefaultAction, NotificationKind, Origin, Profile, SyscallAction, SyscallEntry,
@@ -46,30 +48,6 @@ const BUILTINS: &[(&str, &str, &str)] = &[
 /// Names of the builtin profiles.
 pub fn builtin_names() -> impl Iterator<Item = &'static str> {
     BUILTINS.iter().map(|(n, _, _)| *n)
-}
-
-/// Errors at the crate boundary. Each displays as one line.
-#[derive(Debug, thiserror::Error)]
-pub enum PolicyError {
-    /// The profile text is wrong: `<file>:<line>: <what is wrong>`.
-    #[error("{file}:{line}: {message}")]
-    Invalid {
-        file: String,
-        line: usize,
-        message: String,
-    },
-    /// Neither a builtin name nor an existing file.
-    #[error("profile `{name}` is neither a builtin ({builtins}) nor an existing file")]
-    UnknownProfile { name: String, builtins: String },
-    #[error("{file}: cannot read profile")]
-    Read {
-        file: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A `--serve PREFIX=DIR` argument is wrong.
-    #[error("--serve {arg}: {message}")]
-    Serve { arg: String, message: String },
 }
 
 /// Load a profile: a builtin name wins, else `name_or_path` is read as a TOML file.
