@@ -4,7 +4,7 @@
 It stays in the pid procd started (binfs serves the program only to that pid) and never touches
 /mnt/binfs. Install it with
 
-    scripts/sigmaos-e2e --trampoline tests/sigmaos/log-trampoline.py --keep-logs
+    scripts/sigmaos-e2e --trampoline tests/sigmaos/log-trampoline.py --upstream-gaps --keep-logs
 
 and read <cache>/logs/last/trampoline.log: argv, cwd, identity, capabilities, namespaces (the
 proc's beside those of the run's init, pid 1 of procd's procfs), the fds it inherited with their
