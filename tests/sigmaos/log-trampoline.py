@@ -65,6 +65,11 @@ def main():
     lines += [f"  {k}={v[:160]}" for k, v in sorted(os.environ.items())]
     with open("/proc/self/cgroup") as f:
         lines.append("cgroup: " + " ".join(f.read().split()))
+    try:
+        lines.append(f"/tmp/spproxyd: {sorted(os.listdir('/tmp/spproxyd'))}")
+        lines.append(f"/home/sigmaos/jail: {sorted(os.listdir('/home/sigmaos/jail'))}")
+    except OSError as e:
+        lines.append(str(e))
     lines.append("mounts:")
     with open("/proc/self/mountinfo") as f:
         for m in f:
