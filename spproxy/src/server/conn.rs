@@ -3,12 +3,16 @@
 //! drained by the connection's writer thread (started by the first call that parks), so the
 //! waiter thread never blocks on a client that stops reading (which stalls only its own
 //! connection). One lock orders the writes.
+//!
+//! The connection is the top of a call's path: it owns the socket, the writer and its
+//! [`Session`]; it hands each request to dispatch with the session, sends the reply or parks
+//! the call on the waiter thread as a [`Peer`] (where the reply is pushed).
 
 use std::collections::VecDeque;
 use std::io::{self, BufReader};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -16,10 +20,14 @@ use nix::sys::socket::{send, MsgFlags};
 
 use crate::frame::{self, FrameError, Limits};
 
+use super::dispatch::{self, Outcome};
+use super::error::ServerError;
 use super::fds::FdTable;
-use super::procstate::Identity;
 use super::reply::Frames;
-use super::{dispatch, lock, Inner, ServerError};
+use super::session::Session;
+use super::state::Inner;
+use super::sync::lock;
+use super::waiters::{self, Peer};
 
 /// A peer that accepts no reply bytes for this long is dropped.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -31,27 +39,28 @@ struct Outbox {
     closed: bool,
 }
 
-pub struct Conn {
+struct Conn {
     /// The socket, for writes; `wlock` keeps one message's bytes together.
     sock: UnixStream,
     wlock: Mutex<()>,
     out: Mutex<Outbox>,
     /// Signalled when the outbox gains a message or closes (the writer waits on it).
     out_cv: Condvar,
-    pub fds: Mutex<FdTable>,
-    pub ident: Mutex<Option<Identity>>,
+    session: Session,
     closed: AtomicBool,
-    /// Calls parked on the waiter thread.
-    pub waiting: AtomicUsize,
 }
 
-impl Conn {
-    pub fn is_closed(&self) -> bool {
+impl Peer for Conn {
+    fn session(&self) -> &Session {
+        &self.session
+    }
+
+    fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
 
     /// Queues a reply without waiting (the waiter thread's replies are small).
-    pub fn push(&self, seqno: u64, frames: Frames) {
+    fn push(&self, seqno: u64, frames: Frames) {
         let buf = frame::encode(seqno, &frames);
         let mut o = lock(&self.out);
         if o.closed {
@@ -60,7 +69,9 @@ impl Conn {
         o.queue.push_back(buf);
         self.out_cv.notify_all();
     }
+}
 
+impl Conn {
     /// Writes a reply now, on the calling (reader) thread: no thread handoff per call.
     fn send_now(&self, seqno: u64, frames: Frames) {
         let buf = frame::encode(seqno, &frames);
@@ -131,10 +142,8 @@ pub fn serve(inner: &Arc<Inner>, s: UnixStream) -> Result<(), ServerError> {
         wlock: Mutex::new(()),
         out: Mutex::new(Outbox::default()),
         out_cv: Condvar::new(),
-        fds: Mutex::new(FdTable::new(lim.max_fds, lim.conn_memory)),
-        ident: Mutex::new(None),
+        session: Session::new(FdTable::new(lim.max_fds, lim.conn_memory)),
         closed: AtomicBool::new(false),
-        waiting: AtomicUsize::new(0),
     });
     let res = {
         // The writer is started by the first call that parks: most connections never park
@@ -153,20 +162,22 @@ pub fn serve(inner: &Arc<Inner>, s: UnixStream) -> Result<(), ServerError> {
             match frame::read_message(&mut reader, &limits) {
                 Ok(Some(m)) => {
                     let seqno = m.seqno;
-                    match dispatch::handle(inner, &conn, m) {
-                        Some(frames) => conn.send_now(seqno, frames),
-                        // Parked: its reply (perhaps queued already) goes out on the writer.
-                        None if wthread.is_none() => {
-                            let wconn = conn.clone();
-                            match std::thread::Builder::new()
-                                .name("spproxy-write".into())
-                                .spawn(move || writer(&wconn))
-                            {
-                                Ok(t) => wthread = Some(t),
-                                Err(e) => break Err(ServerError::Io(e)),
+                    match dispatch::handle(inner, &conn.session, m) {
+                        Outcome::Reply(frames) => conn.send_now(seqno, frames),
+                        Outcome::Park(wait) => {
+                            waiters::park(inner, conn.clone(), seqno, wait);
+                            // Its reply (perhaps queued already) goes out on the writer.
+                            if wthread.is_none() {
+                                let wconn = conn.clone();
+                                match std::thread::Builder::new()
+                                    .name("spproxy-write".into())
+                                    .spawn(move || writer(&wconn))
+                                {
+                                    Ok(t) => wthread = Some(t),
+                                    Err(e) => break Err(ServerError::Io(e)),
+                                }
                             }
                         }
-                        None => {}
                     }
                 }
                 Ok(None) => break Ok(()),

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use crate::api;
 use crate::consts::*;
@@ -13,13 +12,14 @@ use crate::frame::Message;
 use crate::proto::*;
 use crate::rpc::Request;
 
-use super::conn::Conn;
 use super::fds::{self, DirSource, Handle};
 use super::paths::{self, Target};
 use super::procstate::Identity;
 use super::reply::*;
-use super::waiters::{self, Wait};
-use super::{lock, Inner};
+use super::session::Session;
+use super::state::Inner;
+use super::sync::lock;
+use super::waiters::{Retry, Wait, Waiters};
 use crate::dirent;
 
 /// Bytes a reply adds around its data frame.
@@ -29,15 +29,22 @@ fn max_io(inner: &Inner) -> u64 {
     u64::from(inner.cfg.limits.max_frame).saturating_sub(REPLY_OVERHEAD)
 }
 
-/// Handles one request; `None` when the reply will come from the waiter thread.
-pub fn handle(inner: &Arc<Inner>, conn: &Arc<Conn>, m: Message) -> Option<Frames> {
+/// What one request comes to.
+pub enum Outcome {
+    /// The reply, to send now.
+    Reply(Frames),
+    /// A call that blocks: the connection parks it on the waiter thread, which replies.
+    Park(Wait),
+}
+
+/// Handles one request of the connection whose state is `sess`.
+pub fn handle(inner: &Inner, sess: &Session, m: Message) -> Outcome {
     inner.procs.count_call();
-    let seqno = m.seqno;
     let mut req = match Request::from_message(m) {
         Ok(r) => r,
-        Err(e) => return Some(rpc_err(ECODE_ERROR, "", &e.to_string())),
+        Err(e) => return Outcome::Reply(rpc_err(ECODE_ERROR, "", &e.to_string())),
     };
-    dispatch(inner, conn, seqno, &mut req)
+    dispatch(inner, sess, &mut req)
 }
 
 /// σOS calls the embedded realm does not serve: (method, field number of `err` in the
@@ -58,14 +65,14 @@ const UNSERVED: &[(&str, u32)] = &[
     (api::GET_MULTI_DELEGATED_RPC_REPLIES, 3),
 ];
 
-fn dispatch(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, req: &mut Request) -> Option<Frames> {
+fn dispatch(inner: &Inner, sess: &Session, req: &mut Request) -> Outcome {
     let method = std::mem::take(&mut req.method);
     macro_rules! decode {
         ($t:ty) => {
             match req.decode::<$t>() {
                 Ok(v) => v,
                 Err(e) => {
-                    return Some(rpc_err(
+                    return Outcome::Reply(rpc_err(
                         ECODE_ERROR,
                         "",
                         &format!("{method}: unmarshal {}: {e}", stringify!($t)),
@@ -76,19 +83,19 @@ fn dispatch(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, req: &mut Request)
     }
     if method == api::INIT {
         let r = decode!(SigmaInitReq);
-        let mut ident = lock(&conn.ident);
+        let mut ident = lock(&sess.ident);
         if ident.is_some() {
-            return Some(rpc_err(
+            return Outcome::Reply(rpc_err(
                 ECODE_ERROR,
                 "",
                 "Error init SPProxySrvAPI: already initialized",
             ));
         }
         *ident = Some(inner.procs.init(&r.proc_env_proto.unwrap_or_default()));
-        return Some(err_rep(Ok(())));
+        return Outcome::Reply(err_rep(Ok(())));
     }
     if let Some(&(_, field)) = UNSERVED.iter().find(|(m, _)| *m == method) {
-        return Some(not_supported(&method, field, 0));
+        return Outcome::Reply(not_supported(&method, field, 0));
     }
     let known = [
         api::STARTED,
@@ -113,17 +120,17 @@ fn dispatch(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, req: &mut Request)
         api::DIR_WATCH,
     ];
     if !known.contains(&method.as_str()) {
-        return Some(rpc_err(ECODE_NOTFOUND, &method, ""));
+        return Outcome::Reply(rpc_err(ECODE_NOTFOUND, &method, ""));
     }
-    let Some(id) = lock(&conn.ident).clone() else {
-        return Some(rpc_err(
+    let Some(id) = lock(&sess.ident).clone() else {
+        return Outcome::Reply(rpc_err(
             ECODE_ERROR,
             "",
             &format!("{method}: Init has not been called on this connection"),
         ));
     };
     lock(&id.state).calls += 1;
-    Some(match method.as_str() {
+    Outcome::Reply(match method.as_str() {
         api::STARTED => {
             decode!(SigmaNullReq);
             lock(&id.state).started = true;
@@ -141,7 +148,7 @@ fn dispatch(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, req: &mut Request)
             if inner.evicted.load(Ordering::SeqCst) {
                 err_rep(Ok(()))
             } else {
-                return park(inner, conn, seqno, Wait::Evict);
+                return park(inner, sess, Wait::Evict);
             }
         }
         api::CLOSE => {
@@ -170,7 +177,7 @@ fn dispatch(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, req: &mut Request)
         }
         api::CREATE | api::CREATE_LEASED => {
             let r = decode!(SigmaCreateReq);
-            let res = create(inner, conn, &r.path, r.perm, r.mode);
+            let res = create(inner, sess, &r.path, r.perm, r.mode);
             if res.is_ok() {
                 inner.waiters.wake();
             }
@@ -178,53 +185,53 @@ fn dispatch(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, req: &mut Request)
         }
         api::OPEN => {
             let r = decode!(SigmaCreateReq);
-            let first = open(inner, conn, &r.path, r.mode);
+            let first = open(inner, sess, &r.path, r.mode);
             let not_found = matches!(&first, Err(e) if e.err_code == ECODE_NOTFOUND);
             if r.wait && not_found {
                 let wait = Wait::Open {
                     path: r.path,
                     mode: r.mode,
                 };
-                return park(inner, conn, seqno, wait);
+                return park(inner, sess, wait);
             }
             fd_rep(first)
         }
         api::READ => {
             let r = decode!(SigmaReadReq);
-            if is_watch(conn, r.fd) {
-                return match watch_read(inner, conn, r.fd, r.size) {
-                    Some(res) => Some(data_rep(res)),
+            if is_watch(sess, r.fd) {
+                return match watch_read(inner, sess, r.fd, r.size) {
+                    Some(res) => Outcome::Reply(data_rep(res)),
                     None => {
                         let wait = Wait::WatchRead {
                             fd: r.fd,
                             size: r.size,
                         };
-                        park(inner, conn, seqno, wait)
+                        park(inner, sess, wait)
                     }
                 };
             }
-            data_rep(read(inner, conn, &id, r.fd, r.size, r.off))
+            data_rep(read(inner, sess, &id, r.fd, r.size, r.off))
         }
         api::WRITE | api::WRITE_FENCE => {
             let r = decode!(SigmaWriteReq);
             let data = r.blob.map(|b| b.iov).unwrap_or_default();
-            size_rep(write(inner, conn, r.fd, &data))
+            size_rep(write(inner, sess, r.fd, &data))
         }
         api::WRITE_READ => {
             let r = decode!(SigmaWriteReq);
             let n = usize::try_from(r.n_out_vec).unwrap_or(usize::MAX);
             if n > 4096 {
-                return Some(rpc_err(ECODE_INVAL, &method, "nOutVec out of range"));
+                return Outcome::Reply(rpc_err(ECODE_INVAL, &method, "nOutVec out of range"));
             }
             not_supported(&method, 2, n)
         }
         api::SEEK => {
             let r = decode!(SigmaSeekReq);
-            err_rep(seek(conn, r.fd, r.offset))
+            err_rep(seek(sess, r.fd, r.offset))
         }
         api::CLOSE_FD => {
             let r = decode!(SigmaCloseReq);
-            err_rep(close_fd(inner, conn, r.fd))
+            err_rep(close_fd(inner, sess, r.fd))
         }
         api::GET_FILE => {
             let r = decode!(SigmaPathReq);
@@ -265,16 +272,16 @@ fn dispatch(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, req: &mut Request)
         }
         api::DIR_WATCH => {
             let r = decode!(SigmaReadReq);
-            fd_rep(dir_watch(inner, conn, r.fd))
+            fd_rep(dir_watch(inner, sess, r.fd))
         }
         _ => rpc_err(ECODE_NOTFOUND, &method, ""),
     })
 }
 
 /// Parks a blocking call within the connection's bound; over it, answers NoMem now.
-fn park(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, wait: Wait) -> Option<Frames> {
-    if conn.waiting.load(Ordering::SeqCst) >= inner.cfg.limits.max_waiters {
-        return Some(match wait {
+fn park(inner: &Inner, sess: &Session, wait: Wait) -> Outcome {
+    if sess.waiting.load(Ordering::SeqCst) >= inner.cfg.limits.max_waiters {
+        return Outcome::Reply(match wait {
             Wait::Open { .. } => fd_rep(Err(rerr(
                 ECODE_NOMEM,
                 "",
@@ -292,8 +299,7 @@ fn park(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, wait: Wait) -> Option<
             ))),
         });
     }
-    waiters::park(inner, conn, seqno, wait);
-    None
+    Outcome::Park(wait)
 }
 
 fn stat(inner: &Inner, path: &str, id: &Identity) -> Result<TstatProto, Rerror> {
@@ -303,25 +309,25 @@ fn stat(inner: &Inner, path: &str, id: &Identity) -> Result<TstatProto, Rerror> 
     }
 }
 
-fn create(inner: &Inner, conn: &Conn, path: &str, perm: u32, mode: u32) -> Result<u32, Rerror> {
+fn create(inner: &Inner, sess: &Session, path: &str, perm: u32, mode: u32) -> Result<u32, Rerror> {
     let h = match paths::parse(path)? {
         Target::Ux(rel) => inner.ux_create(path, rel, perm, mode)?,
         Target::S3 { bucket, key } => inner.s3_create(path, bucket, key, perm)?,
     };
-    lock(&conn.fds).insert(h)
+    lock(&sess.fds).insert(h)
 }
 
-pub fn open(inner: &Inner, conn: &Conn, path: &str, mode: u32) -> Result<u32, Rerror> {
+fn open(inner: &Inner, sess: &Session, path: &str, mode: u32) -> Result<u32, Rerror> {
     let h = match paths::parse(path)? {
         Target::Ux(rel) => inner.ux_open(path, rel, mode)?,
         Target::S3 { bucket, key } => {
-            let fds = lock(&conn.fds);
+            let fds = lock(&sess.fds);
             let h = inner.s3_open(&fds, path, bucket, key, mode)?;
             drop(fds);
             h
         }
     };
-    lock(&conn.fds).insert(h)
+    lock(&sess.fds).insert(h)
 }
 
 fn list(inner: &Inner, src: &DirSource, uid: &str) -> Result<Vec<TstatProto>, Rerror> {
@@ -337,7 +343,7 @@ fn names(inner: &Inner, src: &DirSource) -> Result<BTreeSet<String>, Rerror> {
 
 fn read(
     inner: &Inner,
-    conn: &Conn,
+    sess: &Session,
     id: &Identity,
     fd: u32,
     size: u64,
@@ -347,7 +353,7 @@ fn read(
     let obj = fd.to_string();
     // A directory's listing is built outside the fd table's lock.
     let src = {
-        let t = lock(&conn.fds);
+        let t = lock(&sess.fds);
         match t.get(fd)? {
             Handle::Dir {
                 src, listing: None, ..
@@ -359,7 +365,7 @@ fn read(
         Some(src) => Some(dirent::encode_dir(&list(inner, &src, &id.uid)?)),
         None => None,
     };
-    lock(&conn.fds).with(fd, |h, room| match h {
+    lock(&sess.fds).with(fd, |h, room| match h {
         Handle::File {
             file,
             off: cur,
@@ -389,9 +395,9 @@ fn read(
     })
 }
 
-fn write(inner: &Inner, conn: &Conn, fd: u32, data: &[Vec<u8>]) -> Result<u64, Rerror> {
+fn write(inner: &Inner, sess: &Session, fd: u32, data: &[Vec<u8>]) -> Result<u64, Rerror> {
     let obj = fd.to_string();
-    lock(&conn.fds).with(fd, |h, room| match h {
+    lock(&sess.fds).with(fd, |h, room| match h {
         Handle::File { file, off, mode } => {
             if *mode & 3 == OREAD || *mode & 3 == OEXEC {
                 return Err(rerr(ECODE_PERM, &obj, "fd not open for writing"));
@@ -406,8 +412,8 @@ fn write(inner: &Inner, conn: &Conn, fd: u32, data: &[Vec<u8>]) -> Result<u64, R
     })
 }
 
-fn seek(conn: &Conn, fd: u32, to: u64) -> Result<(), Rerror> {
-    lock(&conn.fds).with(fd, |h, _| match h {
+fn seek(sess: &Session, fd: u32, to: u64) -> Result<(), Rerror> {
+    lock(&sess.fds).with(fd, |h, _| match h {
         Handle::File { off, .. }
         | Handle::ObjRead { off, .. }
         | Handle::ObjWrite { off, .. }
@@ -419,8 +425,8 @@ fn seek(conn: &Conn, fd: u32, to: u64) -> Result<(), Rerror> {
     })
 }
 
-fn close_fd(inner: &Inner, conn: &Conn, fd: u32) -> Result<(), Rerror> {
-    let h = lock(&conn.fds).remove(fd)?;
+fn close_fd(inner: &Inner, sess: &Session, fd: u32) -> Result<(), Rerror> {
+    let h = lock(&sess.fds).remove(fd)?;
     if let Handle::ObjWrite {
         bucket, key, buf, ..
     } = h
@@ -485,9 +491,9 @@ fn rename(inner: &Inner, src: &str, dst: &str) -> Result<(), Rerror> {
 
 /// A watch on the directory open at `fd`: the names the fd's listing showed (or the
 /// current ones if it was never read) are the baseline for the events.
-fn dir_watch(inner: &Inner, conn: &Conn, fd: u32) -> Result<u32, Rerror> {
+fn dir_watch(inner: &Inner, sess: &Session, fd: u32) -> Result<u32, Rerror> {
     let (src, listing) = {
-        let t = lock(&conn.fds);
+        let t = lock(&sess.fds);
         match t.get(fd)? {
             Handle::Dir { src, listing, .. } => (src.clone(), listing.clone()),
             _ => return Err(rerr(ECODE_NOTDIR, &fd.to_string(), "")),
@@ -501,28 +507,28 @@ fn dir_watch(inner: &Inner, conn: &Conn, fd: u32) -> Result<u32, Rerror> {
             .collect(),
         None => names(inner, &src)?,
     };
-    lock(&conn.fds).insert(Handle::Watch {
+    lock(&sess.fds).insert(Handle::Watch {
         src,
         known,
         pending: Vec::new(),
     })
 }
 
-fn is_watch(conn: &Conn, fd: u32) -> bool {
-    matches!(lock(&conn.fds).get(fd), Ok(Handle::Watch { .. }))
+fn is_watch(sess: &Session, fd: u32) -> bool {
+    matches!(lock(&sess.fds).get(fd), Ok(Handle::Watch { .. }))
 }
 
 /// A read of a watch fd: pending event bytes, or new events since the last read, or
 /// `None` when nothing changed (the call is parked). A closed watch fd reads as σOS's
 /// Closed error, which ends a DirWatcher cleanly.
-pub fn watch_read(
+fn watch_read(
     inner: &Inner,
-    conn: &Conn,
+    sess: &Session,
     fd: u32,
     size: u64,
 ) -> Option<Result<Vec<u8>, Rerror>> {
     let obj = fd.to_string();
-    let src = match lock(&conn.fds).get(fd) {
+    let src = match lock(&sess.fds).get(fd) {
         Ok(Handle::Watch { src, pending, .. }) if pending.is_empty() => Some(src.clone()),
         Ok(Handle::Watch { .. }) => None,
         _ => return Some(Err(rerr(ECODE_CLOSED, &obj, "watch closed"))),
@@ -535,7 +541,7 @@ pub fn watch_read(
         },
         None => None,
     };
-    let r = lock(&conn.fds).with(fd, |h, room| {
+    let r = lock(&sess.fds).with(fd, |h, room| {
         let Handle::Watch { known, pending, .. } = h else {
             return Err(rerr(ECODE_CLOSED, &obj, "watch closed"));
         };
@@ -566,5 +572,23 @@ pub fn watch_read(
         Ok(Some(b)) => Some(Ok(b)),
         Ok(None) => None,
         Err(e) => Some(Err(e)),
+    }
+}
+
+/// The waiter thread's retries: the same calls, on the parked call's session.
+impl Retry for Inner {
+    fn waiters(&self) -> &Waiters {
+        &self.waiters
+    }
+
+    fn retry(&self, sess: &Session, wait: &Wait) -> Option<Frames> {
+        match wait {
+            Wait::Evict => self.evicted.load(Ordering::SeqCst).then(|| err_rep(Ok(()))),
+            Wait::Open { path, mode } => match open(self, sess, path, *mode) {
+                Err(e) if e.err_code == ECODE_NOTFOUND => None,
+                r => Some(fd_rep(r)),
+            },
+            Wait::WatchRead { fd, size } => watch_read(self, sess, *fd, *size).map(data_rep),
+        }
     }
 }

@@ -11,8 +11,8 @@ use std::os::unix::fs::FileExt;
 use crate::consts::*;
 use crate::proto::Rerror;
 
+use super::quota::Quota;
 use super::reply::{bad_offset, io_rerr, no_space, rerr, unknown_fd};
-use super::Quota;
 use crate::dirent;
 
 /// Where a directory's entries come from.

@@ -1,225 +1,77 @@
 //! An embedded realm server speaking the spproxy protocol, for running procs with no σOS.
 //!
-//! One call's path, by module:
+//! One call's path through the files; data flows down, and no file imports one above it:
+//!
+//! ```text
+//! Server::bind / serve_stream (this file)
+//!   └─▶ conn      reads a frame ───────────────────────────────┐ owns the socket, the writer
+//!         │        (bounded by ServerLimits::max_frame)         │ thread, the outbox and the
+//!         ▼                                                      │ connection's Session
+//!       dispatch   handle(&Inner, &Session, Message) -> Outcome  │
+//!         │          method → handler; paths::parse;             │
+//!         │          ux / objects (the stores) and fds           │
+//!         ├─ Outcome::Reply(frames) ─────────────────────────────┴─▶ conn writes it now
+//!         └─ Outcome::Park(wait) ──▶ conn: waiters::park(server, conn as Peer, seqno, wait)
+//!                                          │
+//!                 waiter thread: on a change, retries through the server's Retry handle
+//!                 (dispatch implements it on Inner) and pushes the reply to the Peer's
+//!                 outbox, which conn's writer thread sends
+//! ```
+//!
+//! By module:
 //! - [`conn`]: a connection's reader (framing, bounded by [`ServerLimits::max_frame`]) and
 //!   writer, with a bounded outbox;
 //! - [`dispatch`]: method name → handler, σOS's reply shape for every call;
+//! - [`session`]: what a connection holds between calls (fds, identity, parked count);
 //! - [`procstate`]: Init/Started/Exited/ClntId, one state per connection;
 //! - [`paths`]: realm paths checked lexically (`..`, absolute, NUL refused);
 //! - [`ux`] (scratch directory, openat2 `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`) and [`objects`]
-//!   (`name/s3/~local/B/K` over an [`ObjectStore`]): the stores;
-//! - [`fds`]: the fd table, reads and writes with checked offsets and the quota;
+//!   (`name/s3/~local/B/K` over an [`ObjectStore`]): the stores, as calls on [`state`]'s
+//!   shared `Inner`;
+//! - [`fds`]: the fd table, reads and writes with checked offsets and the [`quota`];
 //! - [`waiters`]: the calls that block (Open with wait, a DirWatch read, WaitEvict), all
-//!   parked on one waiter thread, however many there are.
+//!   parked on one waiter thread, however many there are;
+//! - leaves every module may use: [`reply`] (σOS errors and reply frames), [`config`],
+//!   [`error`], [`sync`].
 
+mod config;
 mod conn;
 mod dispatch;
+mod error;
 mod fds;
 mod objects;
 pub mod paths;
 mod procstate;
+mod quota;
 mod reply;
+mod session;
+mod state;
+mod sync;
 mod ux;
 mod waiters;
 
 use std::io;
-use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
-use crate::frame::FrameError;
 pub use crate::store::{LocalDirStore, ObjectMeta, ObjectStore, StoreError};
+pub use config::{ServerConfig, ServerLimits};
+pub use error::ServerError;
 pub use procstate::ProcState;
+pub use quota::Quota;
 pub use reply::errno_code;
-
-#[derive(thiserror::Error, Debug)]
-pub enum ServerError {
-    #[error("realm {realm}: scratch directory {path}: {source}")]
-    ScratchDir {
-        realm: String,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("binding spproxy socket {path}: {source}")]
-    Bind {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("spproxy connection dropped after a malformed message: {0}")]
-    Malformed(#[source] FrameError),
-    #[error("spproxy connection: {0}")]
-    Io(#[from] io::Error),
-}
-
-/// Bounds on what clients can make the server hold.
-#[derive(Clone, Debug)]
-pub struct ServerLimits {
-    /// Largest frame payload a request may carry, and so the largest read or file one
-    /// reply returns. σOS's own bound is the wire's u32 length; its FsLib moves at most
-    /// `MAXGETSET` (1 MiB) per GetFile/PutFile and pages larger files.
-    pub max_frame: u32,
-    /// Bytes the scratch directory may grow to (counted from its size at start, through
-    /// this server), and the largest object a write may build. Beyond it a write gets
-    /// σOS's error for a full device.
-    pub scratch_quota: u64,
-    /// Bytes one connection's fds may hold in memory (object buffers, listings) and queue
-    /// as unsent replies.
-    pub conn_memory: u64,
-    /// Open fds per connection.
-    pub max_fds: usize,
-    /// Parked blocking calls per connection (each holds its path, at most 4 KiB: the
-    /// default bounds a connection's parked calls to 64 MiB).
-    pub max_waiters: usize,
-    /// Connections a bound [`Listener`] serves at once; more are closed at accept.
-    pub max_connections: usize,
-}
-
-impl Default for ServerLimits {
-    fn default() -> Self {
-        ServerLimits {
-            max_frame: 64 << 20,
-            scratch_quota: 1 << 30,
-            conn_memory: 256 << 20,
-            max_fds: 4096,
-            max_waiters: 16384,
-            max_connections: 256,
-        }
-    }
-}
-
-/// What the server needs to know about its realm.
-#[derive(Clone)]
-pub struct ServerConfig {
-    /// Realm name (reported in logs and errors).
-    pub realm: String,
-    /// Root of `name/ux/~local/`; created if missing.
-    pub scratch_dir: PathBuf,
-    /// Why `scratch_dir` must not be made (its calls fail with this), when its caller knows.
-    pub scratch_refused: Option<nix::errno::Errno>,
-    /// Backend of `name/s3/~local/BUCKET/KEY`.
-    pub store: Arc<dyn ObjectStore>,
-    pub limits: ServerLimits,
-}
-
-impl ServerConfig {
-    pub fn new(
-        realm: impl Into<String>,
-        scratch_dir: impl Into<PathBuf>,
-        store: Arc<dyn ObjectStore>,
-    ) -> ServerConfig {
-        ServerConfig {
-            realm: realm.into(),
-            scratch_dir: scratch_dir.into(),
-            scratch_refused: None,
-            store,
-            limits: ServerLimits::default(),
-        }
-    }
-
-    /// The scratch directory is not to be made or opened: its calls fail with `why`.
-    pub fn without_scratch(mut self, why: nix::errno::Errno) -> ServerConfig {
-        self.scratch_refused = Some(why);
-        self
-    }
-
-    pub fn with_limits(mut self, limits: ServerLimits) -> ServerConfig {
-        self.limits = limits;
-        self
-    }
-}
-
-/// The realm's byte budget for the scratch directory.
-pub struct Quota {
-    limit: u64,
-    /// Bytes held: counted by walking the directory (as long as the directory is large) when a
-    /// request first needs the count, not at every start of a server.
-    used: OnceLock<AtomicU64>,
-    /// The directory to count (`None`: the count was given).
-    dir: Option<PathBuf>,
-}
-
-impl Quota {
-    /// A quota of which `used` bytes are taken.
-    pub fn new(limit: u64, used: u64) -> Quota {
-        Quota {
-            limit,
-            used: OnceLock::from(AtomicU64::new(used)),
-            dir: None,
-        }
-    }
-
-    /// A quota over what `dir` holds, counted when first needed.
-    pub fn of_dir(limit: u64, dir: PathBuf) -> Quota {
-        Quota {
-            limit,
-            used: OnceLock::new(),
-            dir: Some(dir),
-        }
-    }
-
-    fn counter(&self) -> &AtomicU64 {
-        self.used
-            .get_or_init(|| AtomicU64::new(self.dir.as_deref().map_or(0, ux::usage)))
-    }
-
-    /// Takes `n` bytes; `false` (nothing taken) if they do not fit.
-    pub fn reserve(&self, n: u64) -> bool {
-        n == 0
-            || self
-                .counter()
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
-                    u.checked_add(n).filter(|&t| t <= self.limit)
-                })
-                .is_ok()
-    }
-
-    pub fn release(&self, n: u64) {
-        let _ = self
-            .counter()
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
-                Some(u.saturating_sub(n))
-            });
-    }
-
-    pub fn used(&self) -> u64 {
-        self.counter().load(Ordering::SeqCst)
-    }
-
-    pub fn limit(&self) -> u64 {
-        self.limit
-    }
-}
-
-struct Inner {
-    cfg: ServerConfig,
-    /// The scratch directory, or why it could not be made or opened: then the calls on
-    /// `name/ux` fail with that error, and a proc that never makes one runs as any other.
-    root: Result<OwnedFd, nix::errno::Errno>,
-    quota: Quota,
-    procs: procstate::Registry,
-    waiters: waiters::Waiters,
-    evicted: AtomicBool,
-    /// WaitEvict calls parked now.
-    evict_waiting: AtomicUsize,
-    connections: AtomicUsize,
-}
+use state::Inner;
 
 /// The embedded server. Cheap to clone; clones share state.
 #[derive(Clone)]
 pub struct Server {
     inner: Arc<Inner>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Server {
@@ -250,7 +102,6 @@ impl Server {
                 procs: procstate::Registry::default(),
                 waiters: waiters::Waiters::default(),
                 evicted: AtomicBool::new(false),
-                evict_waiting: AtomicUsize::new(0),
                 connections: AtomicUsize::new(0),
             }),
         })
@@ -295,7 +146,7 @@ impl Server {
     /// whether some proc was waiting for eviction (and so will exit by itself).
     pub fn evict(&self) -> bool {
         // Counted before the flag is set: the waiter thread may answer them at once after.
-        let waiting = self.inner.evict_waiting.load(Ordering::SeqCst) > 0;
+        let waiting = self.inner.waiters.evict_waiting() > 0;
         self.inner.evicted.store(true, Ordering::SeqCst);
         self.inner.waiters.wake();
         waiting

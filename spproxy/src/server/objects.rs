@@ -10,8 +10,8 @@ use crate::store::StoreError;
 
 use super::fds::{DirSource, FdTable, Handle};
 use super::reply::{last, rerr, store_rerr};
+use super::state::Inner;
 use super::ux::{mk_stat, MAX_DIR_ENTRIES};
-use super::Inner;
 
 fn prefix_of(key: &str) -> String {
     if key.is_empty() {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::proto::ProcEnvProto;
 
-use super::lock;
+use super::sync::lock;
 
 /// What one proc reported.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -5,7 +5,6 @@
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
@@ -17,31 +16,10 @@ use crate::proto::{Rerror, TqidProto, TstatProto};
 
 use super::fds::{self, DirSource, Handle};
 use super::reply::{errno_rerr, io_rerr, last, no_space, rerr};
-use super::Inner;
+use super::state::Inner;
 
 /// Entries one directory listing may hold.
 pub const MAX_DIR_ENTRIES: usize = 100_000;
-
-/// Apparent bytes of the files under `dir`, symlinks not followed.
-pub fn usage(dir: &Path) -> u64 {
-    let mut total = 0u64;
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            match e.file_type() {
-                Ok(t) if t.is_dir() => stack.push(e.path()),
-                Ok(t) if t.is_file() => {
-                    total = total.saturating_add(e.metadata().map_or(0, |m| m.len()))
-                }
-                _ => {}
-            }
-        }
-    }
-    total
-}
 
 /// A σOS stat of one entry.
 #[allow(clippy::too_many_arguments)]

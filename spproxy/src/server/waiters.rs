@@ -4,19 +4,19 @@
 //! object), when the realm is evicted, and every [`POLL`] for changes made outside the
 //! server. However many calls wait, the thread count stays the same; a parked call costs a
 //! few hundred bytes and is dropped when its connection ends.
+//!
+//! The thread knows neither the connection nor dispatch: a parked call carries its
+//! connection as a [`Peer`] (where the reply goes), and the thread retries calls through the
+//! server's [`Retry`] handle, which it holds weakly (it ends when the server is gone).
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
-use crate::consts::ECODE_NOTFOUND;
-
-use super::conn::Conn;
-use super::dispatch;
-use super::lock;
 use super::reply::Frames;
-use super::Inner;
+use super::session::Session;
+use super::sync::lock;
 
 /// How often parked calls look for changes made outside the server.
 pub const POLL: Duration = Duration::from_millis(200);
@@ -27,8 +27,25 @@ pub enum Wait {
     Evict,
 }
 
+/// A parked call's connection.
+pub trait Peer: Send + Sync {
+    /// The connection's fds and identity, for the retry.
+    fn session(&self) -> &Session;
+    /// The connection ended: its parked calls are dropped.
+    fn is_closed(&self) -> bool;
+    /// Queues a reply without waiting (the waiter thread never blocks on a client).
+    fn push(&self, seqno: u64, frames: Frames);
+}
+
+/// The server, as the waiter thread sees it.
+pub trait Retry: Send + Sync + 'static {
+    fn waiters(&self) -> &Waiters;
+    /// The reply of `wait` on `session`, or `None` while it still cannot complete.
+    fn retry(&self, session: &Session, wait: &Wait) -> Option<Frames>;
+}
+
 struct Parked {
-    conn: Arc<Conn>,
+    conn: Arc<dyn Peer>,
     seqno: u64,
     wait: Wait,
 }
@@ -46,11 +63,18 @@ struct State {
 pub struct Waiters {
     state: Mutex<State>,
     cv: Condvar,
+    /// WaitEvict calls parked now.
+    evict_waiting: AtomicUsize,
 }
 
 impl Waiters {
     pub fn len(&self) -> usize {
         lock(&self.state).count
+    }
+
+    /// WaitEvict calls parked now.
+    pub fn evict_waiting(&self) -> usize {
+        self.evict_waiting.load(Ordering::SeqCst)
     }
 
     /// Something changed: retry every parked call now.
@@ -60,40 +84,38 @@ impl Waiters {
     }
 }
 
-/// Parks a call; the waiter thread answers it on `conn` when it can complete.
-pub fn park(inner: &Arc<Inner>, conn: &Arc<Conn>, seqno: u64, wait: Wait) {
-    conn.waiting.fetch_add(1, Ordering::SeqCst);
+/// Parks a call; the waiter thread retries it through `server` and answers it on `conn`
+/// when it can complete.
+pub fn park<R: Retry>(server: &Arc<R>, conn: Arc<dyn Peer>, seqno: u64, wait: Wait) {
+    let w = server.waiters();
+    conn.session().waiting.fetch_add(1, Ordering::SeqCst);
     if matches!(wait, Wait::Evict) {
-        inner.evict_waiting.fetch_add(1, Ordering::SeqCst);
+        w.evict_waiting.fetch_add(1, Ordering::SeqCst);
     }
     let start = {
-        let mut st = lock(&inner.waiters.state);
-        st.parked.push(Parked {
-            conn: conn.clone(),
-            seqno,
-            wait,
-        });
+        let mut st = lock(&w.state);
+        st.parked.push(Parked { conn, seqno, wait });
         st.count += 1;
         st.dirty = true;
         !std::mem::replace(&mut st.thread, true)
     };
-    inner.waiters.cv.notify_all();
+    w.cv.notify_all();
     if start {
-        let weak = Arc::downgrade(inner);
+        let weak = Arc::downgrade(server);
         let spawned = std::thread::Builder::new()
             .name("spproxy-wait".into())
             .spawn(move || run(weak));
         if spawned.is_err() {
-            lock(&inner.waiters.state).thread = false;
+            lock(&w.state).thread = false;
         }
     }
 }
 
-fn run(weak: Weak<Inner>) {
+fn run(weak: Weak<dyn Retry>) {
     loop {
         let batch = {
-            let Some(inner) = weak.upgrade() else { return };
-            let w = &inner.waiters;
+            let Some(server) = weak.upgrade() else { return };
+            let w = server.waiters();
             let mut st = lock(&w.state);
             if !st.dirty {
                 st =
@@ -107,15 +129,16 @@ fn run(weak: Weak<Inner>) {
         if batch.is_empty() {
             continue;
         }
-        let Some(inner) = weak.upgrade() else { return };
+        let Some(server) = weak.upgrade() else { return };
+        let w = server.waiters();
         let mut kept = Vec::with_capacity(batch.len());
         let mut done = 0usize;
         // Paths found missing in this pass: the other waiters on them need not look again.
         let mut missing: HashSet<String> = HashSet::new();
         let finish = |p: &Parked| {
-            p.conn.waiting.fetch_sub(1, Ordering::SeqCst);
+            p.conn.session().waiting.fetch_sub(1, Ordering::SeqCst);
             if matches!(p.wait, Wait::Evict) {
-                inner.evict_waiting.fetch_sub(1, Ordering::SeqCst);
+                w.evict_waiting.fetch_sub(1, Ordering::SeqCst);
             }
         };
         for p in batch {
@@ -130,7 +153,7 @@ fn run(weak: Weak<Inner>) {
                     continue;
                 }
             }
-            match try_complete(&inner, &p) {
+            match server.retry(p.conn.session(), &p.wait) {
                 Some(frames) => {
                     p.conn.push(p.seqno, frames);
                     finish(&p);
@@ -144,25 +167,9 @@ fn run(weak: Weak<Inner>) {
                 }
             }
         }
-        let mut st = lock(&inner.waiters.state);
+        let mut st = lock(&w.state);
         st.count = st.count.saturating_sub(done);
         kept.append(&mut st.parked);
         st.parked = kept;
-    }
-}
-
-fn try_complete(inner: &Arc<Inner>, p: &Parked) -> Option<Frames> {
-    match &p.wait {
-        Wait::Evict => inner
-            .evicted
-            .load(Ordering::SeqCst)
-            .then(|| super::reply::err_rep(Ok(()))),
-        Wait::Open { path, mode } => match dispatch::open(inner, &p.conn, path, *mode) {
-            Err(e) if e.err_code == ECODE_NOTFOUND => None,
-            r => Some(super::reply::fd_rep(r)),
-        },
-        Wait::WatchRead { fd, size } => {
-            dispatch::watch_read(inner, &p.conn, *fd, *size).map(super::reply::data_rep)
-        }
     }
 }
