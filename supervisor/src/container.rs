@@ -5,6 +5,7 @@
 
 use anyhow::{anyhow, Context as _};
 use clap::ValueEnum;
+use realmfs::confine::file_url_dir;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -141,11 +142,6 @@ fn parse_bind(s: &str, rw: bool) -> anyhow::Result<jail::Bind> {
         jail::Bind::ro(src)
     };
     Ok(b.at(dst).idmapped())
-}
-
-/// A `file:///DIR` URL's directory.
-pub(crate) fn file_url_dir(url: &str) -> Option<PathBuf> {
-    url.strip_prefix("file://").map(PathBuf::from)
 }
 
 impl JailOpts {

@@ -8,16 +8,11 @@
 #![deny(unsafe_code)]
 
 mod compiled;
-mod confine;
 mod container;
-mod fill;
-mod fusefs;
 mod handlers;
-mod lazyfs;
 mod policy;
 mod publish;
 mod readonly;
-mod realm;
 mod serve;
 mod sigma_api;
 mod spawn;
@@ -61,7 +56,7 @@ pub struct Cli {
     pub sub: Option<Sub>,
 
     #[command(flatten)]
-    pub realm: realm::RealmOpts,
+    pub realm: realmfs::RealmOpts,
 
     #[command(flatten)]
     pub sigma: sigma_api::SigmaOpts,
@@ -259,21 +254,8 @@ fn init_logging(verbose: u8) {
 }
 
 fn main() -> ExitCode {
-    if std::env::args_os().next().as_deref() == Some(lazyfs::HOLDER_ARG0.as_ref()) {
-        lazyfs::hold()
-    }
-    if std::env::args_os().next().as_deref() == Some(fusefs::FUSE_ARG0.as_ref()) {
-        fusefs::main()
-    }
-    if std::env::args_os().next().as_deref() == Some(fusefs::UNMOUNT_ARG0.as_ref()) {
-        fusefs::unmounter_main()
-    }
-    if std::env::args_os().next().as_deref() == Some(lazyfs::PREP_ARG0.as_ref()) {
-        lazyfs::prepare_main()
-    }
-    if std::env::args_os().next().as_deref() == Some(fill::FILL_ARG0.as_ref()) {
-        fill::main()
-    }
+    // A helper of the realm's (this binary again under a name of its own) runs here and exits.
+    realmfs::helper_main();
     jail::mark("main");
     let cli = Cli::parse();
     jail::mark("clap");
@@ -346,8 +328,8 @@ fn trace_hint(f: Failure, cli: &Cli) -> Failure {
 
 fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
     let program = spawn::find_program(&cli.command[0]).map_err(|f| trace_hint(f, &cli))?;
-    // A realm's lib dir is one more served dir (see realm.rs), on the target's PYTHONPATH.
-    let mut realm = realm::RealmPlan::new(&cli.realm)?;
+    // A realm's lib dir is one more served dir (see realmfs), on the target's PYTHONPATH.
+    let mut realm = realmfs::RealmPlan::new(&cli.realm)?;
     let mut serves = cli.serve.clone();
     // A realm with nothing left to fetch is mounted, not served (see RealmPlan::kernel_served).
     let mut kernel_served = None;
@@ -355,10 +337,11 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
     let mut trees = None;
     let mut lazy = None;
     if let Some(r) = &mut realm {
-        r.compile_with = realm::python_of(&program);
+        r.compile_with = realmfs::realm::python_of(&program);
         r.delegate = r.opts.fill_process.delegates(!cli.jail.no_jail);
+        r.on_helper = handlers::signal::register_helper;
         if r.compile_with.is_some() {
-            r.prefetch = realm::imports_of(&cli.command);
+            r.prefetch = realmfs::realm::imports_of(&cli.command);
         }
         kernel_served = r.kernel_served(!cli.jail.no_jail);
         if kernel_served.is_none() {
@@ -453,7 +436,9 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
     )?;
     prepared.home_inside_jail()?;
     // The lazy backend marks its image once the target exists, before the program may touch it.
-    prepared.pass_listener(!matches!(lazy, Some(realm::LazyView::Image(_))) && sendmsg_allowed);
+    prepared.pass_listener(
+        !matches!(lazy, Some(realmfs::realm::LazyView::Image(_))) && sendmsg_allowed,
+    );
     if let Some((fd, number)) = api.take_target_end() {
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
     }
@@ -499,8 +484,8 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
             (Some(n), _, _) => Box::new(r.kernel_served_resolver(n)),
             (None, Some(view), _) => Box::new(r.trees_resolver(view)),
             // Marked before the target is released: its first touch already waits for a fill.
-            (None, None, Some(realm::LazyView::Fuse(m))) => Box::new(r.fuse_served(m)),
-            (None, None, Some(realm::LazyView::Image(img))) => {
+            (None, None, Some(realmfs::realm::LazyView::Fuse(m))) => Box::new(r.fuse_served(m)),
+            (None, None, Some(realmfs::realm::LazyView::Image(img))) => {
                 // The child's view is built (it waits to be released): mark the proc's mount of
                 // the image. Our child, not yet reaped: the pid names it.
                 img.watch(child.pid, &r.opts.lib_prefix)

@@ -22,6 +22,11 @@ use landlock::{
 };
 use std::path::{Path, PathBuf};
 
+/// A `file:///DIR` URL's directory.
+pub fn file_url_dir(url: &str) -> Option<PathBuf> {
+    url.strip_prefix("file://").map(PathBuf::from)
+}
+
 /// Calls no helper needs once confined.
 const DENIED: &[&str] = &[
     "execve",

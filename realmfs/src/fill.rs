@@ -360,7 +360,7 @@ fn confine() -> anyhow::Result<()> {
     let (Some(root), Some(bucket)) = (args.get(1), args.get(3)) else {
         return Ok(());
     };
-    let bucket_dir = bucket.to_str().and_then(crate::container::file_url_dir);
+    let bucket_dir = bucket.to_str().and_then(crate::confine::file_url_dir);
     crate::confine::confine(&[std::path::Path::new(root)], bucket_dir.as_slice())?;
     Ok(())
 }
