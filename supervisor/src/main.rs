@@ -19,6 +19,7 @@ mod spawn;
 mod stats;
 mod supervisor;
 mod sys;
+mod trampoline;
 
 use clap::{Parser, ValueEnum};
 use std::ffi::OsString;
@@ -138,6 +139,10 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub command: Vec<OsString>,
+
+    /// Trampoline mode's plan for the run (see [`trampoline`]; never parsed).
+    #[arg(skip)]
+    pub trampoline: Option<trampoline::Plan>,
 }
 
 #[derive(Debug)]
@@ -257,7 +262,15 @@ fn main() -> ExitCode {
     // A helper of the realm's (this binary again under a name of its own) runs here and exits.
     realmfs::helper_main();
     jail::mark("main");
-    let cli = Cli::parse();
+    // σOS's procd runs this binary as `uproc-trampoline`: its contract becomes the command line.
+    let cli = match trampoline::cli() {
+        None => Cli::parse(),
+        Some(Ok(cli)) => cli,
+        Some(Err(e)) => {
+            eprintln!("{}: {e:#}", trampoline::PROGRAM_NAME);
+            exit_flushed(125)
+        }
+    };
     jail::mark("clap");
     init_logging(cli.verbose);
     jail::mark("parsed");
@@ -326,8 +339,16 @@ fn trace_hint(f: Failure, cli: &Cli) -> Failure {
     f
 }
 
-fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
-    let program = spawn::find_program(&cli.command[0]).map_err(|f| trace_hint(f, &cli))?;
+fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
+    // Trampoline mode: the proc's binary, read from binfs into a memfd.
+    let memfd = cli
+        .trampoline
+        .as_ref()
+        .and_then(trampoline::Plan::exec_path);
+    let program = match memfd {
+        Some(memfd) => memfd,
+        None => spawn::find_program(&cli.command[0]).map_err(|f| trace_hint(f, &cli))?,
+    };
     // A realm's lib dir is one more served dir (see realmfs), on the target's PYTHONPATH.
     let mut realm = realmfs::RealmPlan::new(&cli.realm)?;
     let mut serves = cli.serve.clone();
@@ -415,7 +436,10 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
         s3_dir.as_deref(),
         cli.sigma.scratch_dir.as_deref(),
     );
-    let jail = cli.jail.spec(&program, &cli.command, &hidden, cli.grace)?;
+    let mut jail = cli.jail.spec(&program, &cli.command, &hidden, cli.grace)?;
+    if let (Some(t), Some(spec)) = (&cli.trampoline, jail.as_mut()) {
+        t.shape(spec);
+    }
     jail::mark("spec");
     // Where the jail shows host paths at their own names, for the hint of a failed run.
     let shown: Option<Vec<PathBuf>> = jail.as_ref().map(|s| {
@@ -443,6 +467,9 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
     }
     prepared.keep_inherited(&cli.pass_fd);
+    if let Some(t) = &mut cli.trampoline {
+        t.hand_over(&mut prepared)?;
+    }
     if let Some(r) = &realm {
         if kernel_served.is_some() {
             prepared.bind_read_only(&r.lib, &r.opts.lib_prefix)?;
@@ -509,10 +536,15 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
     };
     // The program loads while the realm server and the notification thread start.
     child.release();
-    let on_demand: Vec<Box<dyn supervisor::OnDemand>> = match api.unstarted() {
+    let mut on_demand: Vec<Box<dyn supervisor::OnDemand>> = match api.unstarted() {
         Some(u) => vec![Box::new(u)],
         None => Vec::new(),
     };
+    on_demand.extend(
+        cli.trampoline
+            .as_mut()
+            .and_then(trampoline::Plan::on_demand),
+    );
     let status = supervisor::supervise(
         child,
         policy,
@@ -526,7 +558,7 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
         on_demand,
         execve_allowed,
     )?;
-    if status.code() != 0 {
+    if status.code() != 0 && cli.trampoline.is_none() {
         if let (Some(shown), Ok(cwd)) = (&shown, std::env::current_dir()) {
             for p in jail::view::unshown_named(&cli.command, &cwd, shown, 3) {
                 eprintln!(
@@ -537,7 +569,11 @@ fn run(cli: Cli) -> Result<jail::init::Ended, Failure> {
             }
         }
     }
-    api.finish(status, cli.stats, cli.sigma.require_started)
+    let end = api.finish(status, cli.stats, cli.sigma.require_started)?;
+    match &cli.trampoline {
+        Some(t) => t.finish(end),
+        None => Ok(end),
+    }
 }
 
 #[cfg(test)]
