@@ -12,6 +12,11 @@ lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets
 
+# Layout rules (module cycles, file and supervisor sizes), first proven on a throwaway crate.
+layout:
+    scripts/check-layout --self-test
+    scripts/check-layout
+
 # The README's test command: every test, as CI runs it.
 test:
     scripts/test
