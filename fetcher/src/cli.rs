@@ -7,9 +7,10 @@
 
 use std::path::PathBuf;
 
+use crate::config::FetchConfig;
+use crate::error::{FetchError, Result};
 use crate::publish::{publish_with, PublishOptions, PublishReport, PublishSource, TraceRunner};
 use crate::store::{open_store, StoreOptions};
-use crate::{FetchConfig, FetchError, Result};
 
 /// Arguments of `publish` (a `clap::Args`, so a binary can make it a subcommand).
 #[derive(Debug, Clone, clap::Args)]

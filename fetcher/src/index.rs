@@ -6,7 +6,7 @@ use std::path::{Component, Path};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{FetchError, Result};
+use crate::error::{FetchError, Result};
 
 /// Key of the index object in the bucket.
 pub const INDEX_KEY: &str = "sigma-lib/index-v1.json";

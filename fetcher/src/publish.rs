@@ -12,11 +12,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
-use crate::error::IoContext;
+use crate::config::FetchConfig;
+use crate::error::{FetchError, IoContext, Result};
 use crate::index::{Archive, Encoding, FileEntry, Index, Package, INDEX_KEY, PKG_PREFIX};
 use crate::store::{get_bytes, Store};
 use crate::wheel::{read_package_dir, read_wheel, Distribution};
-use crate::{FetchConfig, FetchError, Result};
 
 /// zstd level for package archives (see README: level 3 keeps publish fast, decode ≫ network).
 pub const ZSTD_LEVEL: i32 = 3;

@@ -3,7 +3,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{FetchConfig, FetchError, Result};
+use crate::config::FetchConfig;
+use crate::error::{FetchError, Result};
 
 /// Run `op` until it succeeds, fails with a non-transient error, runs out of retries, or `bound`
 /// has passed since the first attempt (then `Unavailable`, naming the last transient cause).

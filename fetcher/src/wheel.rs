@@ -7,9 +7,8 @@ use std::path::Path;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 
-use crate::error::IoContext;
+use crate::error::{FetchError, IoContext, Result};
 use crate::index::{check_rel_path, normalize_dist_name};
-use crate::{FetchError, Result};
 
 /// The files of one distribution, at their lib-dir paths.
 #[derive(Debug)]

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{open_store, GetObject, Store, StoreOptions};
-use crate::{FetchConfig, FetchError, Result};
+use super::api::{GetObject, Store, StoreOptions};
+use super::open_store;
+use crate::config::FetchConfig;
+use crate::error::{FetchError, Result};
 
 /// Opens the bucket URL's real store the first time a method needs it (once; a failed open is
 /// retried by the next call).

@@ -11,9 +11,8 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncReadExt;
 
-use super::{check_key, GetObject, Store};
-use crate::error::IoContext;
-use crate::{FetchError, Result};
+use super::api::{check_key, GetObject, Store};
+use crate::error::{FetchError, IoContext, Result};
 
 const CHUNK: usize = 256 * 1024;
 const TMP_PREFIX: &str = ".tmp-";

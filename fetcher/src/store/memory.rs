@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{check_key, GetObject, Store};
-use crate::{FetchError, Result};
+use super::api::{check_key, GetObject, Store};
+use crate::error::{FetchError, Result};
 
 /// Chunk size of bodies served from memory (several chunks exercise the streaming paths).
 const CHUNK: usize = 16 * 1024;

@@ -14,9 +14,10 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::Client;
 use bytes::Bytes;
 
-use super::{check_key, GetObject, Store, StoreOptions};
+use super::api::{check_key, GetObject, Store, StoreOptions};
+use crate::config::FetchConfig;
+use crate::error::{FetchError, Result};
 use crate::retry::retrying;
-use crate::{FetchConfig, FetchError, Result};
 
 /// A bucket (optionally a key prefix inside it) on an S3-compatible service.
 #[derive(Debug, Clone)]
