@@ -466,6 +466,10 @@ fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
     if let Some((fd, number)) = api.take_target_end() {
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
     }
+    // σOS's Go client dials /tmp/spproxyd/spproxyd.sock itself: the jail shows the server there.
+    if let Some(dir) = prepared.jail().and_then(|_| api.jail_socket_dir()) {
+        prepared.bind_read_only(&dir, std::path::Path::new(sigma_api::SPPROXYD_DIR))?;
+    }
     prepared.keep_inherited(&cli.pass_fd);
     if let Some(t) = &mut cli.trampoline {
         t.hand_over(&mut prepared)?;
@@ -536,10 +540,7 @@ fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
     };
     // The program loads while the realm server and the notification thread start.
     child.release();
-    let mut on_demand: Vec<Box<dyn supervisor::OnDemand>> = match api.unstarted() {
-        Some(u) => vec![Box::new(u)],
-        None => Vec::new(),
-    };
+    let mut on_demand = api.on_demand();
     on_demand.extend(
         cli.trampoline
             .as_mut()

@@ -12,6 +12,14 @@
 //! backends ([`FetcherObjects`]). The server's thread is never joined: once every target process
 //! has exited, the target's end is closed and the connection thread ends on EOF by itself; the
 //! supervisor exits without waiting for it either way.
+//!
+//! σOS's own Go client does not use `SIGMA_SPPROXY_FD`: a proc with `UseSPProxy` dials
+//! `/tmp/spproxyd/spproxyd.sock` itself. A jailed run of the embedded server therefore also
+//! listens on that name: a socket in a private directory of the supervisor's
+//! (`$TMPDIR/sigma-supervise-spproxyd.XXXXXX`, holding only the socket), bound read-only into
+//! the jail at `/tmp/spproxyd` (the jail's `/tmp` is private). Each accepted connection is
+//! served like the pre-connected one, by the same server; the accept is on demand, like the
+//! first request (see [`Listening`]).
 #![forbid(unsafe_code)]
 
 use crate::Failure;
@@ -26,7 +34,7 @@ use spproxy::server::{
 };
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
@@ -176,7 +184,8 @@ pub struct SigmaOpts {
     /// The target's σOS API (an inherited socket named by SIGMA_SPPROXY_FD): `embedded` realm
     /// server in the supervisor, the socket PATH of a running spproxyd, or `off`
     /// [default: /tmp/spproxyd/spproxyd.sock when SIGMACONFIG is set and it exists, else
-    /// embedded].
+    /// embedded]. A jailed proc of the embedded server also finds it at
+    /// /tmp/spproxyd/spproxyd.sock, where σOS's Go client (ProcEnv UseSPProxy) dials it.
     #[arg(long, value_name = "embedded|PATH|off", value_parser = SigmaMode::parse)]
     pub sigma: Option<SigmaMode>,
 
@@ -208,12 +217,37 @@ pub struct SigmaOpts {
     pub max_frame: u32,
 }
 
+/// Where σOS's clients dial spproxyd (sigmap/named.go `SIGMASOCKET`'s directory), inside the jail.
+pub const SPPROXYD_DIR: &str = "/tmp/spproxyd";
+/// The socket's name in [`SPPROXYD_DIR`].
+const SPPROXYD_SOCK: &str = "spproxyd.sock";
+
 /// The σOS API of one run: prepared before fork, started after it, reported at exit.
 pub struct SigmaApi {
     /// The target's end, handed over at spawn.
     target_end: Option<OwnedFd>,
     /// The embedded server and its end of the pair (until started).
     server: Option<(Server, Option<UnixStream>)>,
+    /// The embedded server's socket for σOS's Go client (see [`SigmaApi::jail_socket_dir`]).
+    listening: Option<Listening>,
+    /// The private directory holding that socket, removed at the end of the run.
+    socket_dir: Option<SocketDir>,
+}
+
+/// A private directory of the supervisor's, removed (with what it holds) when dropped.
+struct SocketDir(PathBuf);
+
+impl SocketDir {
+    fn remove(&self) {
+        let _ = std::fs::remove_file(self.0.join(SPPROXYD_SOCK));
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        self.remove();
+    }
 }
 
 impl SigmaApi {
@@ -251,6 +285,8 @@ impl SigmaApi {
                 return Ok(SigmaApi {
                     target_end: None,
                     server: None,
+                    listening: None,
+                    socket_dir: None,
                 })
             }
             SigmaMode::Socket(path) => {
@@ -295,7 +331,46 @@ impl SigmaApi {
         Ok(SigmaApi {
             target_end: Some(fd),
             server,
+            listening: None,
+            socket_dir: None,
         })
+    }
+
+    /// For a jailed run of the embedded server: makes the socket σOS's Go client dials and
+    /// returns the private directory holding it, to be bound at [`SPPROXYD_DIR`] in the jail.
+    /// `None` without the embedded server, or (said at `-v`) where the socket cannot be made:
+    /// the pre-connected one still works. Call before fork; nothing is accepted until
+    /// [`SigmaApi::on_demand`]'s watcher sees a connection.
+    pub fn jail_socket_dir(&mut self) -> Option<PathBuf> {
+        let (srv, _) = self.server.as_ref()?;
+        match listen_in_private_dir() {
+            Ok((dir, listener)) => {
+                let path = dir.0.clone();
+                self.listening = Some(Listening {
+                    srv: srv.clone(),
+                    listener,
+                });
+                self.socket_dir = Some(dir);
+                Some(path)
+            }
+            Err(e) => {
+                tracing::info!("no {SPPROXYD_DIR}/{SPPROXYD_SOCK} in the jail: {e:#}");
+                None
+            }
+        }
+    }
+
+    /// What the supervisor starts once its fd is readable (call after fork): the embedded
+    /// server's pre-connected end, and its listening socket.
+    pub fn on_demand(&mut self) -> Vec<Box<dyn crate::supervisor::OnDemand>> {
+        let mut v: Vec<Box<dyn crate::supervisor::OnDemand>> = Vec::new();
+        if let Some(u) = self.unstarted() {
+            v.push(Box::new(u));
+        }
+        if let Some(l) = self.listening.take() {
+            v.push(Box::new(l));
+        }
+        v
     }
 
     /// The fd to leave open in the child and the `SIGMA_SPPROXY_FD` value naming it.
@@ -331,6 +406,11 @@ impl SigmaApi {
         want_stats: bool,
         require_started: bool,
     ) -> Result<jail::init::Ended, Failure> {
+        // The run is over: nobody dials the socket again (the supervisor may exit without
+        // dropping this).
+        if let Some(d) = &self.socket_dir {
+            d.remove();
+        }
         let Some(st) = self.proc_state() else {
             return Ok(end);
         };
@@ -388,6 +468,69 @@ impl crate::supervisor::OnDemand for Unstarted {
 impl AsFd for Unstarted {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.stream.as_fd()
+    }
+}
+
+/// `$TMPDIR/sigma-supervise-spproxyd.XXXXXX` (searchable by the proc's ids, which are not
+/// the supervisor's, listable only by its owner) with a listening `spproxyd.sock` (0777, as
+/// spproxyd makes it), non-blocking.
+fn listen_in_private_dir() -> anyhow::Result<(SocketDir, UnixListener)> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = nix::unistd::mkdtemp(&std::env::temp_dir().join("sigma-supervise-spproxyd.XXXXXX"))
+        .context("making a private directory for the socket")?;
+    let dir = SocketDir(dir);
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o711))
+        .with_context(|| format!("chmod {}", dir.0.display()))?;
+    let path = dir.0.join(SPPROXYD_SOCK);
+    let listener =
+        UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))
+        .with_context(|| format!("chmod {}", path.display()))?;
+    listener
+        .set_nonblocking(true)
+        .context("making the listening socket non-blocking")?;
+    Ok((dir, listener))
+}
+
+/// The embedded server's listening socket, watched by the supervisor: each connection is
+/// accepted once the socket is readable and served on a thread of its own, like the
+/// pre-connected one; the socket stays watched for the next.
+pub struct Listening {
+    srv: Server,
+    listener: UnixListener,
+}
+
+impl crate::supervisor::OnDemand for Listening {
+    fn readable(self: Box<Self>) -> Option<Box<dyn crate::supervisor::OnDemand>> {
+        loop {
+            match self.listener.accept() {
+                Ok((s, _)) => {
+                    if s.set_nonblocking(false).is_ok() && self.srv.serve_accepted(s) {
+                        tracing::debug!("embedded realm server: a connection on {SPPROXYD_SOCK}");
+                    }
+                }
+                // A connection gone before it was accepted; the socket is not.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Some(self),
+                // Out of fds or memory: stop listening rather than spin on a readable socket.
+                Err(e) => {
+                    tracing::info!(
+                        "accept on {SPPROXYD_DIR}/{SPPROXYD_SOCK}: {e}; no longer listening"
+                    );
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl AsFd for Listening {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.listener.as_fd()
     }
 }
 

@@ -172,6 +172,21 @@ impl Server {
         conn::serve(&self.inner, s)
     }
 
+    /// Serves a connection accepted on a listening socket of the caller's, on a new thread,
+    /// unless `max_connections` are already served (the stream is then closed). Returns
+    /// whether it is served.
+    pub fn serve_accepted(&self, s: UnixStream) -> bool {
+        let n = self.inner.connections.load(Ordering::SeqCst);
+        if n >= self.inner.cfg.limits.max_connections {
+            log_refusal(&format!(
+                "spproxy: refusing a connection: {n} already served"
+            ));
+            return false;
+        }
+        drop(self.serve_stream(s));
+        true
+    }
+
     /// Listens on a Unix socket at `path` (replacing a stale socket file) and serves up to
     /// `max_connections` connections at once, each on its own thread, until the returned
     /// [`Listener`] is shut down or dropped.
@@ -201,15 +216,7 @@ impl Server {
                         break;
                     }
                     let Ok(s) = s else { continue };
-                    let n = srv.inner.connections.load(Ordering::SeqCst);
-                    if n >= srv.inner.cfg.limits.max_connections {
-                        log_refusal(&format!(
-                            "spproxy: refusing a connection: {n} already served"
-                        ));
-                        drop(s);
-                        continue;
-                    }
-                    srv.serve_stream(s);
+                    srv.serve_accepted(s);
                 }
             })
             .map_err(berr)?;
