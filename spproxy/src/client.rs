@@ -461,8 +461,14 @@ impl Client {
         let mut buf = Vec::new();
         loop {
             let b = self.read(watch_fd, DIR_READ)?;
+            // σOS answers a read of a watch closed meanwhile with no bytes.
             if b.is_empty() {
-                return Err(Error::Protocol(format!("watch fd {watch_fd}: empty read")));
+                return Err(Error::Sigma {
+                    code: crate::consts::ECODE_CLOSED,
+                    name: crate::consts::ecode_name(crate::consts::ECODE_CLOSED),
+                    obj: watch_fd.to_string(),
+                    msg: "watch closed".into(),
+                });
             }
             buf.extend_from_slice(&b);
             if let Ok(ev) = crate::dirent::decode_watch(&buf) {

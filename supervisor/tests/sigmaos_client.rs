@@ -137,6 +137,7 @@ fn sigmaos_go_client_uses_the_embedded_server() {
         "a missing file is Notfound",
         "GetDir",
         "DirWatch event",
+        "a parked watch read ends with no bytes when closed",
         "Remove the directory",
         "S3 PutFile",
         "S3 GetFile",

@@ -427,6 +427,11 @@ fn seek(sess: &Session, fd: u32, to: u64) -> Result<(), Rerror> {
 
 fn close_fd(inner: &Inner, sess: &Session, fd: u32) -> Result<(), Rerror> {
     let h = lock(&sess.fds).remove(fd)?;
+    if matches!(h, Handle::Watch { .. }) {
+        // A read parked on it ends now (see `Retry::retry`), as σOS's watch wakes its readers
+        // when the fid is closed.
+        inner.waiters.wake();
+    }
     if let Handle::ObjWrite {
         bucket, key, buf, ..
     } = h
@@ -588,7 +593,14 @@ impl Retry for Inner {
                 Err(e) if e.err_code == ECODE_NOTFOUND => None,
                 r => Some(fd_rep(r)),
             },
-            Wait::WatchRead { fd, size } => watch_read(self, sess, *fd, *size).map(data_rep),
+            // The watch fd was closed while its read was parked: σOS's watch answers such a
+            // read with no bytes and no error (spproto/srv/watch: closed → nil, nil). An
+            // error here would crash σOS's Go client, whose SPProxyClnt.Read dereferences
+            // the missing data of any failed read.
+            Wait::WatchRead { fd, size } => match watch_read(self, sess, *fd, *size) {
+                Some(Err(e)) if e.err_code == ECODE_CLOSED => Some(data_rep(Ok(Vec::new()))),
+                r => r.map(data_rep),
+            },
         }
     }
 }

@@ -21,6 +21,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"time"
 
 	"sigmaos/proc"
 	spproxyclnt "sigmaos/proxy/sigmap/clnt"
@@ -142,6 +143,28 @@ func main() {
 		check("DirWatch event", err == nil && len(ev.Events) == 1 && ev.Events[0].File == "new" &&
 			ev.Events[0].Type == protsrv_proto.WatchEventType_CREATE, ev, err)
 		check("CloseFd of the watch", spc.CloseFd(wfd) == nil)
+	}
+	// A read parked on a watch that is closed meanwhile ends with no bytes and no error, as
+	// σOS's watch answers it (any failed Read would crash SPProxyClnt.Read).
+	wfd, err = spc.DirWatch(dfd)
+	check("DirWatch again", err == nil, err)
+	if err == nil {
+		done := make(chan error)
+		go func() {
+			n, err := spc.Read(wfd, make([]byte, 64))
+			if err == nil && n != 0 {
+				err = fmt.Errorf("%d bytes", n)
+			}
+			done <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		check("CloseFd of a watch being read", spc.CloseFd(wfd) == nil)
+		select {
+		case err := <-done:
+			check("a parked watch read ends with no bytes when closed", err == nil, err)
+		case <-time.After(5 * time.Second):
+			check("a parked watch read ends with no bytes when closed", false, "still parked after 5 s")
+		}
 	}
 	check("CloseFd of the directory", spc.CloseFd(dfd) == nil)
 	for _, f := range []string{"hello", "big", "new"} {
