@@ -119,7 +119,8 @@ fn cwd_changes_seen(spec: &notify::FilterSpec) -> bool {
 }
 
 fn policy_of(opts: &Options, profile: policies::Profile) -> anyhow::Result<(Policy, bool)> {
-    let mut policy = Policy::from_profile(profile, opts.serves, opts.audit)?;
+    let mut policy =
+        Policy::from_profile(profile, opts.serves, opts.audit, crate::handlers::handled())?;
     // In the σcontainer's PID namespace signals reach only the proc's own tree (the kernel's
     // job); without it the supervisor confines them.
     policy.set_jailed(opts.jailed);

@@ -7,12 +7,16 @@
 //! family, one shared path routine) → [`serve`] (host-side opens under served dirs).
 #![deny(unsafe_code)]
 
+mod calls;
 mod compiled;
 mod container;
+mod failure;
 mod handlers;
+mod on_demand;
 mod policy;
 mod publish;
 mod readonly;
+mod reply;
 mod serve;
 mod sigma_api;
 mod spawn;
@@ -25,6 +29,8 @@ use clap::{Parser, ValueEnum};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+pub use failure::Failure;
 
 /// In the static musl build, mimalloc: musl's allocator makes the start-up's parsing (clap,
 /// the compiled profile's JSON) and the fetch's buffers several times slower.
@@ -312,18 +318,6 @@ fn exit_flushed(code: u8) -> ! {
     sys::exit_now(i32::from(code))
 }
 
-/// An error for the user plus the exit status it maps to (127 not found, 126 not executable,
-/// 125 the supervisor itself failed — the conventions of env(1) and shells).
-pub struct Failure {
-    pub error: anyhow::Error,
-    pub code: u8,
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(error: anyhow::Error) -> Self {
-        Failure { error, code: 125 }
-    }
-}
 
 /// `--trace FILE` (without `=`) is `--trace` to stderr with FILE as the program: when that
 /// program is not found, say how to name the file.
@@ -558,6 +552,7 @@ fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
         hints,
         on_demand,
         execve_allowed,
+        sigma_api::evict,
     )?;
     if status.code() != 0 && cli.trampoline.is_none() {
         if let (Some(shown), Ok(cwd)) = (&shown, std::env::current_dir()) {

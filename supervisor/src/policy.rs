@@ -3,8 +3,9 @@
 //! a kernel-enforced over-mount in the child.
 #![forbid(unsafe_code)]
 
+use crate::calls::{Handled, Writes, OPEN_WRITE_BITS};
 use crate::serve::Served;
-use anyhow::{anyhow, Context as _};
+use anyhow::anyhow;
 use policies::{PathAction, PathDecision, Profile};
 use std::path::{Path, PathBuf};
 
@@ -23,6 +24,8 @@ pub struct Policy {
     root_fixed: Option<bool>,
     /// See [`Policy::cwd_changes_seen`].
     cwd_seen: bool,
+    /// What the handlers serve (see [`crate::calls`]).
+    handled: Handled,
 }
 
 /// A decision for one resolved path.
@@ -36,23 +39,10 @@ pub enum Decide {
     },
 }
 
-/// How the loop answers a syscall number (built once from the profile).
-#[derive(Clone, Copy)]
-pub enum Kind {
-    Path(&'static crate::handlers::Spec),
-    /// A signal without a PID namespace: delivered only within the proc's tree.
-    Signal(crate::handlers::signal::SignalCall),
-    /// bind/connect of a local socket, decided by its path.
-    Socket(crate::handlers::socket::SocketCall),
-    /// Outside the allow-list: the profile's errno, logged once per name.
-    Refused(i32),
-}
-
 /// The rules that notify an open only when its flags (argument `arg`) ask to write: allowed
-/// when none of [`crate::handlers::OPEN_WRITE_BITS`] is set, notified when any one is. The two
+/// when none of [`OPEN_WRITE_BITS`] is set, notified when any one is. The two
 /// sets never overlap, so the order of the rules does not matter.
 fn open_write_rules(name: &str, arg: u32) -> Vec<notify::SyscallRule> {
-    use crate::handlers::OPEN_WRITE_BITS;
     let mask = OPEN_WRITE_BITS.iter().fold(0, |m, b| m | b);
     let rule = |action, mask, value| notify::SyscallRule {
         name: name.to_owned(),
@@ -78,14 +68,21 @@ impl Policy {
     /// The result assumes a jail ([`Policy::set_jailed`] says otherwise).
     #[cfg(test)]
     pub fn load(name: &str, serves: &[String], audit: bool) -> anyhow::Result<Policy> {
-        Policy::from_profile(policies::load(name)?, serves, audit)
+        Policy::from_profile(
+            policies::load(name)?,
+            serves,
+            audit,
+            crate::handlers::handled(),
+        )
     }
 
-    /// [`Policy::load`] for a profile already parsed (e.g. from the compiled-profile cache).
+    /// [`Policy::load`] for a profile already parsed (e.g. from the compiled-profile cache);
+    /// `handled` describes the calls the handlers serve.
     pub fn from_profile(
         mut profile: Profile,
         serves: &[String],
         audit: bool,
+        handled: Handled,
     ) -> anyhow::Result<Policy> {
         if audit {
             profile.set_logs_denied(true);
@@ -120,6 +117,7 @@ impl Policy {
             read_only_hints: false,
             root_fixed: None,
             cwd_seen: false,
+            handled,
         })
     }
 
@@ -139,14 +137,16 @@ impl Policy {
 
     /// The signalling calls the supervisor decides: without a jail, those the profile lets
     /// the kernel run unconditionally (a refused one stays refused).
-    fn signal_calls(&self) -> Vec<(&'static str, crate::handlers::signal::SignalCall)> {
+    pub fn signal_calls(&self) -> Vec<&'static str> {
         if self.jailed {
             return Vec::new();
         }
         let spec = self.profile.filter_spec();
-        crate::handlers::signal::SignalCall::ALL
-            .into_iter()
-            .filter(|(name, _)| {
+        self.handled
+            .signals
+            .iter()
+            .copied()
+            .filter(|name| {
                 let rules: Vec<_> = spec.rules.iter().filter(|r| r.name == *name).collect();
                 match rules.as_slice() {
                     [] => spec.default == notify::Action::Allow,
@@ -175,12 +175,7 @@ impl Policy {
     pub fn filter_spec(&self, elide_paths: bool) -> notify::FilterSpec {
         let mut spec = self.profile.filter_spec();
         if elide_paths {
-            let writes = |n: &str| {
-                crate::handlers::SPECS
-                    .iter()
-                    .find(|s| s.name == n)
-                    .map_or(crate::handlers::Writes::No, |s| s.writes)
-            };
+            let writes = |n: &str| self.handled.writes(n);
             // Open calls whose profile rule is one plain notify: notified by their flags.
             let mut by_flags: Vec<(String, u32)> = Vec::new();
             // A call whose handler checks its arguments (mknod: FIFOs and files only) stays
@@ -189,11 +184,7 @@ impl Policy {
                 self.profile
                     .notified_syscalls()
                     .into_iter()
-                    .filter(|n| {
-                        !crate::handlers::SPECS
-                            .iter()
-                            .any(|s| s.name == n && s.check.is_some())
-                    })
+                    .filter(|n| !self.handled.checked(n))
                     // Without a jail, abstract socket names need their decision (see socket.rs).
                     .filter(|n| self.jailed || !matches!(n.as_str(), "bind" | "connect"))
                     .filter(|n| {
@@ -201,8 +192,8 @@ impl Policy {
                             return true;
                         }
                         match writes(n) {
-                            crate::handlers::Writes::No | crate::handlers::Writes::OpenHow => true,
-                            crate::handlers::Writes::Open { flags } => {
+                            Writes::No | Writes::OpenHow => true,
+                            Writes::Open { flags } => {
                                 let plain = spec.rules.iter().filter(|r| r.name == *n).all(|r| {
                                     r.action == notify::Action::Notify && r.when.is_empty()
                                 });
@@ -234,7 +225,7 @@ impl Policy {
                 spec.rules.retain(|r| r.action != notify::Action::Allow);
             }
         }
-        for (name, _) in self.signal_calls() {
+        for name in self.signal_calls() {
             spec.rules.retain(|r| r.name != name);
             if spec.default != notify::Action::Notify {
                 spec.rules.push(notify::SyscallRule {
@@ -318,55 +309,8 @@ impl Policy {
         }
     }
 
-    /// The answer kind for every syscall number below `max`, and warnings for notified
-    /// syscalls the supervisor has no handler for (those are refused, never continued).
-    pub fn kinds(&self, max: usize) -> anyhow::Result<(Vec<Option<Kind>>, Vec<String>)> {
-        let mut table = vec![None; max];
-        let mut warnings = Vec::new();
-        let refused = self.profile.denied_errno().unwrap_or(libc::EPERM);
-        if self.profile.logs_denied() {
-            for k in table.iter_mut() {
-                *k = Some(Kind::Refused(refused));
-            }
-        }
-        // The profile resolved each name to its native number when it was parsed.
-        let notified = self.profile.notified_syscalls();
-        for (name, nr) in notified
-            .into_iter()
-            .zip(self.profile.notified_syscall_nrs())
-        {
-            let nr = usize::try_from(nr)
-                .ok()
-                .filter(|n| *n < max)
-                .ok_or_else(|| anyhow!("syscall `{name}` has no native number"))?;
-            let socket = crate::handlers::socket::SocketCall::ALL
-                .into_iter()
-                .find(|(n, _)| *n == name);
-            match crate::handlers::SPECS.iter().find(|s| s.name == name) {
-                Some(spec) => table[nr] = Some(Kind::Path(spec)),
-                None if socket.is_some() => {
-                    table[nr] = socket.map(|(_, call)| Kind::Socket(call));
-                }
-                None => {
-                    warnings.push(format!(
-                        "profile notifies `{name}` but the supervisor has no handler for it: \
-                         it will fail with EPERM"
-                    ));
-                    table[nr] = Some(Kind::Refused(libc::EPERM));
-                }
-            }
-        }
-        for (name, call) in self.signal_calls() {
-            let nr = libseccomp::ScmpSyscall::from_name(name)
-                .with_context(|| format!("syscall `{name}`"))?;
-            if let Some(k) = usize::try_from(i32::from(nr))
-                .ok()
-                .and_then(|n| table.get_mut(n))
-            {
-                *k = Some(Kind::Signal(call));
-            }
-        }
-        Ok((table, warnings))
+    pub fn profile(&self) -> &Profile {
+        &self.profile
     }
 }
 
@@ -398,12 +342,21 @@ mod tests {
             for name in ["kill", "tgkill", "tkill", "pidfd_send_signal"] {
                 assert_eq!(action(&spec, name), Action::Notify, "{name} without a jail");
             }
-            let (kinds, warnings) = p.kinds(stats_max()).unwrap();
+            let (kinds, warnings) = crate::handlers::kinds(&p, stats_max()).unwrap();
             assert!(warnings.is_empty(), "{warnings:?}");
             let nr = |n: &str| i32::from(libseccomp::ScmpSyscall::from_name(n).unwrap()) as usize;
-            assert!(matches!(kinds[nr("kill")], Some(Kind::Signal(_))));
-            assert!(matches!(kinds[nr("connect")], Some(Kind::Socket(_))));
-            assert!(matches!(kinds[nr("openat")], Some(Kind::Path(_))));
+            assert!(matches!(
+                kinds[nr("kill")],
+                Some(crate::handlers::Kind::Signal(_))
+            ));
+            assert!(matches!(
+                kinds[nr("connect")],
+                Some(crate::handlers::Kind::Socket(_))
+            ));
+            assert!(matches!(
+                kinds[nr("openat")],
+                Some(crate::handlers::Kind::Path(_))
+            ));
             // Elided path calls run in the kernel, but not mknod (its argument check) nor,
             // without a jail, bind/connect (abstract names).
             if elide {
@@ -429,13 +382,16 @@ mod tests {
     fn audit_notifies_refusals() {
         let quiet = Policy::load("sigmaos", &[], false).unwrap();
         assert_eq!(quiet.filter_spec(false).default, Action::Errno(libc::EPERM));
-        let (kinds, _) = quiet.kinds(stats_max()).unwrap();
+        let (kinds, _) = crate::handlers::kinds(&quiet, stats_max()).unwrap();
         let ptrace = i32::from(libseccomp::ScmpSyscall::from_name("ptrace").unwrap()) as usize;
         assert!(kinds[ptrace].is_none(), "never notified");
         let audit = Policy::load("sigmaos", &[], true).unwrap();
         assert_eq!(audit.filter_spec(false).default, Action::Notify);
-        let (kinds, _) = audit.kinds(stats_max()).unwrap();
-        assert!(matches!(kinds[ptrace], Some(Kind::Refused(libc::EPERM))));
+        let (kinds, _) = crate::handlers::kinds(&audit, stats_max()).unwrap();
+        assert!(matches!(
+            kinds[ptrace],
+            Some(crate::handlers::Kind::Refused(libc::EPERM))
+        ));
     }
 
     #[test]

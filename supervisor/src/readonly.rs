@@ -10,7 +10,7 @@
 //! change meanwhile: at worst a hint is wrong, never an outcome.
 #![forbid(unsafe_code)]
 
-use crate::handlers::{open_writes, Writes};
+use crate::calls::{open_writes, Writes};
 use nix::errno::Errno;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::SFlag;

@@ -22,7 +22,7 @@
 //! first request (see [`Listening`]).
 #![forbid(unsafe_code)]
 
-use crate::Failure;
+use crate::failure::Failure;
 use anyhow::{anyhow, Context as _};
 use fetcher::store::{get_bytes, open_store, Store, StoreOptions};
 use fetcher::{FetchConfig, FetchError};
@@ -362,8 +362,8 @@ impl SigmaApi {
 
     /// What the supervisor starts once its fd is readable (call after fork): the embedded
     /// server's pre-connected end, and its listening socket.
-    pub fn on_demand(&mut self) -> Vec<Box<dyn crate::supervisor::OnDemand>> {
-        let mut v: Vec<Box<dyn crate::supervisor::OnDemand>> = Vec::new();
+    pub fn on_demand(&mut self) -> Vec<Box<dyn crate::on_demand::OnDemand>> {
+        let mut v: Vec<Box<dyn crate::on_demand::OnDemand>> = Vec::new();
         if let Some(u) = self.unstarted() {
             v.push(Box::new(u));
         }
@@ -442,11 +442,11 @@ pub struct Unstarted {
     stream: UnixStream,
 }
 
-impl crate::supervisor::OnDemand for Unstarted {
+impl crate::on_demand::OnDemand for Unstarted {
     /// A request waits: the connection is served on its own thread, detached, until every
     /// target process has closed its end. Or every target process closed its end without a
     /// word: nothing to serve.
-    fn readable(self: Box<Self>) -> Option<Box<dyn crate::supervisor::OnDemand>> {
+    fn readable(self: Box<Self>) -> Option<Box<dyn crate::on_demand::OnDemand>> {
         let mut b = [0u8; 1];
         match nix::sys::socket::recv(
             self.stream.as_raw_fd(),
@@ -500,8 +500,8 @@ pub struct Listening {
     listener: UnixListener,
 }
 
-impl crate::supervisor::OnDemand for Listening {
-    fn readable(self: Box<Self>) -> Option<Box<dyn crate::supervisor::OnDemand>> {
+impl crate::on_demand::OnDemand for Listening {
+    fn readable(self: Box<Self>) -> Option<Box<dyn crate::on_demand::OnDemand>> {
         loop {
             match self.listener.accept() {
                 Ok((s, _)) => {

@@ -5,8 +5,9 @@
 //! (A jailed target may pass the listener itself and exec at once: [`Prepared::pass_listener`].)
 #![forbid(unsafe_code)]
 
+use crate::failure::Failure;
 use crate::policy::Policy;
-use crate::{sys, Failure};
+use crate::sys;
 use anyhow::{anyhow, Context as _};
 use nix::errno::Errno;
 use nix::mount::{mount, MsFlags};

@@ -8,13 +8,15 @@
 //! behind get SIGTERM, and SIGKILL after the grace period, so no orphan holds the proc open.
 #![forbid(unsafe_code)]
 
+use crate::failure::Failure;
 use crate::handlers::signal::{self, Tree};
-use crate::handlers::{self, CallInfo, Reply};
-use crate::policy::{Kind, Policy};
-use crate::serve::{Deferred, Resolver};
+use crate::handlers::{self, CallInfo, Context, Kind};
+use crate::policy::Policy;
+use crate::reply::{answer, Reply};
+use crate::serve::Resolver;
 use crate::spawn::{handled_signals, Child};
 use crate::stats::{self, Decision, Stats, TraceSink, MAX_SYSCALL};
-use crate::{sys, Failure};
+use crate::sys;
 use anyhow::{anyhow, Context as _};
 use jail::init::Ended;
 use nix::errno::Errno;
@@ -24,7 +26,24 @@ use std::os::fd::AsFd as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// State shared by the receive thread and serve workers.
+pub use crate::on_demand::OnDemand;
+
+/// The loop's state: what the handlers share ([`Context`]) and what only the loop keeps.
+struct Shared {
+    cx: Arc<Context>,
+    kinds: Vec<Option<Kind>>,
+    /// Syscall names, built on first use (logging a denial, tracing).
+    names: std::sync::OnceLock<Vec<String>>,
+    stats: Stats,
+    trace: Option<TraceSink>,
+    /// No target can change its root: path resolution reads it once.
+    root_fixed: bool,
+    /// No target can change its cwd unheard (see `Policy::cwd_changes_seen`).
+    cwd_seen: bool,
+    /// The proc's process tree (signals without a jail are confined to it).
+    tree: Tree,
+}
+
 impl Shared {
     fn name(&self, nr: usize) -> &str {
         self.names
@@ -34,92 +53,20 @@ impl Shared {
     }
 }
 
-pub struct Shared {
-    pub listener: Listener,
-    pub policy: Policy,
-    pub resolver: Box<dyn Resolver>,
-    pub deferred: Deferred,
-    kinds: Vec<Option<Kind>>,
-    /// Syscall names, built on first use (logging a denial, tracing).
-    names: std::sync::OnceLock<Vec<String>>,
-    stats: Stats,
-    trace: Option<TraceSink>,
-    /// Whether to time calls and keep paths (only with --trace or --stats).
-    pub timing: bool,
-    /// Whether path calls need their paths read (some path rule exists, or --trace).
-    pub read_paths: bool,
-    /// Read-only hints (with --trace or --stats in the jail): writes the kernel will refuse
-    /// because the jail shows their directory read-only are named.
-    pub hints: Option<crate::readonly::Hints>,
-    /// No target can change its root: path resolution reads it once.
-    root_fixed: bool,
-    /// No target can change its cwd unheard (see `Policy::cwd_changes_seen`).
-    cwd_seen: bool,
-    /// The proc's process tree (signals without a jail are confined to it).
-    tree: Tree,
-    /// Abstract socket names the proc bound (without a jail, the only ones it may connect to).
-    abstract_names: std::sync::Mutex<std::collections::HashSet<Vec<u8>>>,
-}
-
-/// Most abstract names remembered; past it, new binds still work but are not connectable.
-const MAX_ABSTRACT_NAMES: usize = 4096;
-
-impl Shared {
-    pub fn jailed(&self) -> bool {
-        self.policy.jailed()
-    }
-
-    pub fn bound_abstract(&self, name: Vec<u8>) {
-        let mut names = self
-            .abstract_names
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if names.len() < MAX_ABSTRACT_NAMES {
-            names.insert(name);
-        }
-    }
-
-    pub fn is_bound_abstract(&self, name: &[u8]) -> bool {
-        let names = self
-            .abstract_names
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        names.contains(name)
-    }
-}
-
-/// The single place an outcome becomes the kernel's answer. A target that went away meanwhile
-/// (`Gone`) is normal. Whether the answer reached the target (the notification was still live).
-pub fn answer(listener: &Listener, id: u64, result: Result<Reply, Errno>) -> bool {
-    let resp = match result {
-        Ok(Reply::Answered) => return true,
-        Ok(Reply::Respond(r)) => r,
-        Err(e) => Response::Errno(e as i32),
-    };
-    match listener.respond(id, resp) {
-        Ok(()) => true,
-        Err(notify::NotifyError::Gone { .. }) => false,
-        Err(e) => {
-            tracing::warn!("answering notification {id}: {e}");
-            false
-        }
-    }
-}
-
 struct LoopState {
     info: CallInfo,
     refused_logged: Vec<bool>,
 }
 
 fn handle(sh: &Arc<Shared>, st: &mut LoopState, n: &Notification) {
-    let t0 = sh.timing.then(Instant::now);
+    let t0 = sh.cx.timing.then(Instant::now);
     st.info.reset();
     st.info.task_seen(n.pid);
     let nr = usize::try_from(n.syscall).ok().filter(|&i| i < MAX_SYSCALL);
     let kind = nr.and_then(|i| sh.kinds[i]);
     let result = match kind {
-        Some(Kind::Path(spec)) => handlers::path_call(sh, n, spec, &mut st.info),
-        Some(Kind::Socket(call)) => handlers::socket::handle(sh, n, call, &mut st.info),
+        Some(Kind::Path(spec)) => handlers::path_call(&sh.cx, n, spec, &mut st.info),
+        Some(Kind::Socket(call)) => handlers::socket::handle(&sh.cx, n, call, &mut st.info),
         Some(Kind::Signal(call)) => {
             let r = signal::handle(&sh.tree, n, call);
             st.info.decision = Some(match &r {
@@ -153,7 +100,7 @@ fn handle(sh: &Arc<Shared>, st: &mut LoopState, n: &Notification) {
     // Timed up to the answer: with SYNC_WAKE_UP the answer itself may run the target on this
     // CPU before the ioctl returns, which is the target's time, not ours.
     let nanos = t0.map(|t0| t0.elapsed().as_nanos() as u64);
-    let delivered = answer(&sh.listener, n.id, result);
+    let delivered = answer(&sh.cx.listener, n.id, result);
     // A notification gone before its answer is not recorded: what was read for it may not
     // have been its target's (see `TargetMem::read_path_for_answer`).
     if let (Some(nanos), true) = (nanos, delivered) {
@@ -181,7 +128,7 @@ fn receive_loop(sh: Arc<Shared>, pin_cpu: Option<usize>) {
         refused_logged: vec![false; MAX_SYSCALL],
     };
     loop {
-        match sh.listener.recv_or_hup() {
+        match sh.cx.listener.recv_or_hup() {
             Ok(Some(n)) => handle(&sh, &mut st, &n),
             Ok(None) => {
                 tracing::debug!("no task uses the filter any more: receive loop ends");
@@ -194,13 +141,6 @@ fn receive_loop(sh: Arc<Shared>, pin_cpu: Option<usize>) {
             }
         }
     }
-}
-
-/// Work the supervisor starts on the first sign of need: once its fd is readable (a request
-/// waits, or the peer hung up), [`OnDemand::readable`] starts it or finds it unneeded (`None`),
-/// or finds nothing there yet (`Some`: go on watching).
-pub trait OnDemand: std::os::fd::AsFd {
-    fn readable(self: Box<Self>) -> Option<Box<dyn OnDemand>>;
 }
 
 /// The notification thread, started on demand (see [`OnDemand`]).
@@ -221,7 +161,7 @@ impl NotifyThread {
 
 impl std::os::fd::AsFd for NotifyThread {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.sh.listener.as_fd()
+        self.sh.cx.listener.as_fd()
     }
 }
 
@@ -230,7 +170,7 @@ impl OnDemand for NotifyThread {
     /// filter any more) without one: nothing to start.
     fn readable(self: Box<Self>) -> Option<Box<dyn OnDemand>> {
         use nix::poll::{PollFd, PollFlags, PollTimeout};
-        let mut fds = [PollFd::new(self.sh.listener.as_fd(), PollFlags::POLLIN)];
+        let mut fds = [PollFd::new(self.sh.cx.listener.as_fd(), PollFlags::POLLIN)];
         let revents = match nix::poll::poll(&mut fds, PollTimeout::ZERO) {
             Ok(_) => fds[0].revents().unwrap_or(PollFlags::empty()),
             Err(_) => PollFlags::POLLIN,
@@ -261,6 +201,9 @@ impl OnDemand for NotifyThread {
 /// `ended` is the jail init's pipe: the status it gives there is the answer, without waiting
 /// for init's own exit (the namespaces' teardown), which is reaped by whoever inherits it.
 ///
+/// `evict` is asked on the first SIGTERM: true when a proc that waits for eviction was told
+/// (σOS's WaitEvict) and exits by itself; the signal is then not forwarded.
+///
 /// `on_demand` is work started only once its fd becomes readable (the notification thread,
 /// the embedded σOS server's connection): a program that never needs it costs no thread.
 fn wait_all(
@@ -270,6 +213,7 @@ fn wait_all(
     mut ended: Option<std::os::fd::BorrowedFd<'_>>,
     wait_for_init: bool,
     mut on_demand: Vec<Box<dyn OnDemand>>,
+    evict: fn() -> bool,
 ) -> anyhow::Result<Ended> {
     // init's report, kept while init itself is waited for (`wait_for_init`): its own exit
     // status cannot tell a signal from an exit status of 128+N.
@@ -369,7 +313,7 @@ fn wait_all(
         }
         // The first SIGTERM evicts a proc that waits for eviction (σOS's WaitEvict): it
         // exits by itself. Otherwise, and after that, the signal is forwarded.
-        if sig == libc::SIGTERM && crate::sigma_api::evict() {
+        if sig == libc::SIGTERM && evict() {
             continue;
         }
         // A terminal's ^C reaches the whole foreground group (SI_KERNEL): the child has it.
@@ -397,9 +341,10 @@ pub fn supervise(
     hints: Option<crate::readonly::Hints>,
     mut on_demand: Vec<Box<dyn OnDemand>>,
     notify_on_demand: bool,
+    evict: fn() -> bool,
 ) -> Result<Ended, Failure> {
     let started = Instant::now();
-    let (kinds, warnings) = policy.kinds(MAX_SYSCALL)?;
+    let (kinds, warnings) = handlers::kinds(&policy, MAX_SYSCALL)?;
     for w in warnings {
         tracing::warn!("{w}");
     }
@@ -414,25 +359,22 @@ pub fn supervise(
             "SYNC_WAKE_UP unsupported ({e}): each notification pays a cross-CPU wakeup"
         ),
     }
+    let read_paths = trace.is_some() || policy.has_path_rules();
+    let timing = want_stats || trace.is_some();
     let sh = Arc::new(Shared {
-        listener,
-        read_paths: trace.is_some() || policy.has_path_rules(),
         root_fixed: policy.root_is_fixed(),
         cwd_seen: policy.cwd_changes_seen(),
-        policy,
-        resolver,
-        deferred: Deferred::default(),
+        cx: Arc::new(Context::new(
+            listener, policy, resolver, timing, read_paths, hints,
+        )),
         kinds,
         names: std::sync::OnceLock::new(),
         stats: Stats::new(),
-        timing: want_stats || trace.is_some(),
         trace,
-        hints,
         tree: Tree {
             root: child.pid,
             supervisor: std::process::id() as i32,
         },
-        abstract_names: Default::default(),
     });
     let starter = NotifyThread {
         sh: Arc::clone(&sh),
@@ -455,7 +397,7 @@ pub fn supervise(
     let _host_lock = child.host_lock.take();
     let ended = child.ended_rx.take();
     if let Err(errno) = child.exec_result() {
-        let _ = wait_all(pid, grace, jailed, None, false, on_demand);
+        let _ = wait_all(pid, grace, jailed, None, false, on_demand, evict);
         let e = Errno::from_raw(errno);
         return Err(Failure {
             error: anyhow!("cannot execute {display}: {}", e.desc()),
@@ -469,6 +411,7 @@ pub fn supervise(
         ended.as_ref().map(|f| f.as_fd()),
         cgroup.is_some(),
         on_demand,
+        evict,
     )?;
     jail::mark("ended");
     let code = end.code();
@@ -480,11 +423,11 @@ pub fn supervise(
     }
     if code < 128 {
         // Not for a proc killed by a signal: the user wants the run over.
-        sh.resolver.finish();
+        sh.cx.resolver.finish();
     }
     // No child is left; once the last task using the filter is released the listener hangs up.
     let mut fds = [nix::poll::PollFd::new(
-        sh.listener.as_fd(),
+        sh.cx.listener.as_fd(),
         nix::poll::PollFlags::POLLHUP,
     )];
     match nix::poll::poll(&mut fds, 1000u16) {
@@ -499,10 +442,10 @@ pub fn supervise(
     }
     if want_stats {
         eprint!("{}", sh.stats.report(started.elapsed()));
-        if let Some(h) = &sh.hints {
+        if let Some(h) = &sh.cx.hints {
             eprint!("{}", h.report());
         }
-        if let Some(r) = sh.resolver.report() {
+        if let Some(r) = sh.cx.resolver.report() {
             eprint!("{r}");
         }
     }

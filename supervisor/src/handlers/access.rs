@@ -1,8 +1,10 @@
 //! access, faccessat, faccessat2: answered from the host file under a served directory.
 #![forbid(unsafe_code)]
 
+use super::spec::{Follow, PathArg, ServeCall, Spec};
 use super::stat::open_path;
-use super::{Follow, PathArg, Reply, ServeCall, Spec, Writes};
+use crate::calls::Writes;
+use crate::reply::Reply;
 use nix::errno::Errno;
 use nix::fcntl::AtFlags;
 use nix::unistd::AccessFlags;

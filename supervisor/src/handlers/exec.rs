@@ -5,7 +5,9 @@
 //! run through an interpreter that opens them (`python3 /prefix/script.py`), which is served.
 #![forbid(unsafe_code)]
 
-use super::{refuse_unsupported, Follow, PathArg, Spec, Writes};
+use super::refuse::refuse_unsupported;
+use super::spec::{Follow, PathArg, Spec};
+use crate::calls::Writes;
 
 pub const EXECVE: Spec = Spec {
     name: "execve",

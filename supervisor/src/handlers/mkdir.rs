@@ -2,7 +2,9 @@
 //! such as `os.makedirs(exist_ok=True)` look for) and anything else EROFS.
 #![forbid(unsafe_code)]
 
-use super::{refuse_write, Follow, PathArg, Spec, Writes};
+use super::refuse::refuse_write;
+use super::spec::{Follow, PathArg, Spec};
+use crate::calls::Writes;
 
 pub const MKDIR: Spec = Spec {
     name: "mkdir",

@@ -2,7 +2,10 @@
 //! directory and the fd is injected with NOTIF_ADDFD + SEND; writes into served trees are EROFS.
 #![forbid(unsafe_code)]
 
-use super::{inject_errno, refuse_write, Follow, PathArg, Reply, ServeCall, Spec, Writes};
+use super::refuse::refuse_write;
+use super::spec::{Follow, PathArg, ServeCall, Spec};
+use crate::calls::Writes;
+use crate::reply::{inject_errno, Reply};
 use crate::sys;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, ResolveFlag};

@@ -2,8 +2,10 @@
 //! target's buffer (truncated to its size, no NUL, as the kernel does).
 #![forbid(unsafe_code)]
 
+use super::spec::{Follow, PathArg, ServeCall, Spec};
 use super::stat::open_path;
-use super::{Follow, PathArg, Reply, ServeCall, Spec, Writes};
+use crate::calls::Writes;
+use crate::reply::Reply;
 use nix::errno::Errno;
 use nix::sys::stat::SFlag;
 use notify::Response;

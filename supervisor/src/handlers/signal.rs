@@ -13,7 +13,7 @@
 //! `si_pid` (SI_USER), not the sender's.
 #![forbid(unsafe_code)]
 
-use super::Reply;
+use crate::reply::Reply;
 use crate::sys;
 use nix::errno::Errno;
 use notify::{Notification, Response};

@@ -8,10 +8,11 @@
 //! a proc may then connect only to abstract names its own processes bound.
 #![forbid(unsafe_code)]
 
-use super::{CallInfo, Reply};
+use super::context::Context;
+use super::path::CallInfo;
 use crate::policy::Decide;
+use crate::reply::Reply;
 use crate::stats::Decision;
-use crate::supervisor::Shared;
 use nix::errno::Errno;
 use notify::mem::TargetMem;
 use notify::{Notification, Response};
@@ -72,7 +73,7 @@ fn parse(bytes: &[u8]) -> Result<Addr, Errno> {
 
 /// Decide a notified bind or connect.
 pub fn handle(
-    sh: &Arc<Shared>,
+    sh: &Arc<Context>,
     n: &Notification,
     call: SocketCall,
     info: &mut CallInfo,

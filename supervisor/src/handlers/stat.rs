@@ -2,7 +2,9 @@
 //! an O_PATH fd opened beneath the served directory) and writes the struct into the target.
 #![forbid(unsafe_code)]
 
-use super::{Follow, PathArg, Reply, ServeCall, Spec, Writes};
+use super::spec::{Follow, PathArg, ServeCall, Spec};
+use crate::calls::Writes;
+use crate::reply::Reply;
 use crate::sys;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, ResolveFlag};
