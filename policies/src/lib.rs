@@ -1,8 +1,8 @@
 //! σOS syscall profiles and path rules, kept as data files, validated on load and compiled into
 //! a [`notify::FilterSpec`].
 //!
-//! - [`load`] picks a builtin profile by name (`sigmaos`, `sigmaos-strict`, `permissive`) or
-//!   reads a TOML file.
+//! - [`load`] picks a builtin profile by name (`sigmaos`, `sigmaos-nodialproxy`,
+//!   `sigmaos-strict`, `permissive`) or reads a TOML file.
 //! - [`Profile::filter_spec`] is what the supervisor compiles and installs in the child.
 //! - [`Profile::notification_kind`] tells the supervisor whether a notification is a path decision
 //!   ([`Profile::decide`]) or a default-denied call to answer with [`Profile::denied_errno`] and log.
@@ -32,6 +32,11 @@ const BUILTINS: &[(&str, &str, &str)] = &[
         "sigmaos",
         "policies/profiles/sigmaos.toml",
         include_str!("../profiles/sigmaos.toml"),
+    ),
+    (
+        "sigmaos-nodialproxy",
+        "policies/profiles/sigmaos-nodialproxy.toml",
+        include_str!("../profiles/sigmaos-nodialproxy.toml"),
     ),
     (
         "sigmaos-strict",

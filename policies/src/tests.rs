@@ -259,7 +259,15 @@ fn builtins() -> Vec<Profile> {
 #[test]
 fn builtins_load_and_compile() {
     let names: Vec<_> = builtin_names().collect();
-    assert_eq!(names, ["sigmaos", "sigmaos-strict", "permissive"]);
+    assert_eq!(
+        names,
+        [
+            "sigmaos",
+            "sigmaos-nodialproxy",
+            "sigmaos-strict",
+            "permissive"
+        ]
+    );
     for mut p in builtins() {
         for audit in [false, true] {
             p.set_logs_denied(audit);
@@ -1252,7 +1260,7 @@ fn load_reads_files_and_names_them_in_errors() {
     let e = load("no-such-profile").unwrap_err().to_string();
     assert_eq!(
         e,
-        "profile `no-such-profile` is neither a builtin (sigmaos, sigmaos-strict, permissive) nor an existing file"
+        "profile `no-such-profile` is neither a builtin (sigmaos, sigmaos-nodialproxy, sigmaos-strict, permissive) nor an existing file"
     );
     let e = Profile::from_file(&dir.path().join("missing.toml")).unwrap_err();
     assert!(matches!(e, PolicyError::Read { .. }));

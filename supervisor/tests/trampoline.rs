@@ -400,3 +400,95 @@ fn the_subcommand_is_the_same_mode() {
     assert_eq!(o.status.code(), Some(4));
     assert_eq!(stdout(&o), format!("{}\n", sh.display()));
 }
+
+/// `sigmaos-nodialproxy` is `sigmaos` entry for entry but for the sockets σOS's own trampoline
+/// gives a proc without dialproxy: socket of any family but AF_VSOCK, bind, listen, connect.
+#[test]
+fn the_nodialproxy_profile_is_sigmaos_plus_sigmaos_own_sockets() {
+    use policies::SyscallAction;
+    let base = policies::load("sigmaos").unwrap();
+    let net = policies::load("sigmaos-nodialproxy").unwrap();
+    let sockets = ["socket", "bind", "listen", "connect"];
+    let rest = |p: &policies::Profile| {
+        p.syscalls()
+            .iter()
+            .filter(|e| !sockets.contains(&e.name.as_str()))
+            .map(|e| (e.name.clone(), e.action, e.when.clone(), e.origin))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(rest(&base), rest(&net));
+    assert_eq!(base.default_action(), net.default_action());
+    assert_eq!(base.path_rules(), net.path_rules());
+    let of = |name: &str| {
+        net.syscalls()
+            .iter()
+            .filter(|e| e.name == name)
+            .collect::<Vec<_>>()
+    };
+    let socket = of("socket");
+    assert_eq!(socket.len(), 1);
+    assert_eq!(socket[0].action, SyscallAction::Allow);
+    assert_eq!(
+        socket[0].when,
+        [notify::ArgCmp {
+            arg: 0,
+            op: notify::CmpOp::Ne,
+            value: 40
+        }]
+    );
+    for name in ["bind", "listen", "connect"] {
+        let e = of(name);
+        assert_eq!(e.len(), 1, "{name}");
+        assert_eq!(
+            (e[0].action, e[0].when.len()),
+            (SyscallAction::Allow, 0),
+            "{name}"
+        );
+    }
+}
+
+/// procd starts the trampoline in new pid and mount namespaces with its own /proc left
+/// mounted: the trampoline mounts its namespace's procfs (the jail's id maps are written there)
+/// and nothing of it reaches the caller's mounts. A binary without dialproxy may make a TCP
+/// socket (σOS's Go procs dial named themselves); a Python proc may not.
+#[test]
+fn in_procds_pid_namespace_and_sockets_by_dialproxy() {
+    let t = Tramp::new("");
+    let py = t.publish("tool", &std::fs::read(interp::python()).unwrap());
+    let code = "import socket\ntry:\n socket.socket(socket.AF_INET).close(); print('tcp-socket')\n\
+                except OSError as e:\n print('refused', e.errno)\n";
+    let before = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let c = t.cmd(&py, false, &["-I", "-c", code]);
+    let prog = c.get_program().to_owned();
+    let args: Vec<_> = c.get_args().map(|a| a.to_owned()).collect();
+    let mut u = Command::new("unshare");
+    u.args([
+        "--pid",
+        "--fork",
+        "--mount",
+        "--propagation",
+        "unchanged",
+        "--",
+    ])
+    .arg(prog)
+    .args(args)
+    .env_clear()
+    .envs(c.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))))
+    .current_dir("/");
+    let o = run(&mut u);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(stdout(&o), "tcp-socket\n");
+    assert_eq!(
+        before.lines().count(),
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .count(),
+        "a mount reached the caller"
+    );
+    // A Python proc keeps `sigmaos` (its way to σOS is the relay; it ends without Exited).
+    let _srv = t.spproxyd();
+    let script = t.publish("net.py", code.as_bytes());
+    let o = run(&mut t.cmd(&script, false, &[]));
+    assert_eq!(stdout(&o), format!("refused {}\n", libc::EPERM), "{o:?}");
+}

@@ -21,8 +21,12 @@ pub struct Config {
     /// The interpreter of Python procs: a name looked up on σOS's PATH, or an absolute path
     /// (a venv's python with pysigma installed).
     pub interpreter: String,
-    /// The syscall profile every proc runs under (a builtin name or a TOML file).
+    /// The syscall profile a proc runs under (a builtin name or a TOML file).
     pub profile: String,
+    /// The profile of a binary that procd starts without dialproxy (`false`): it dials σOS
+    /// itself, over TCP, as σOS's own trampoline lets such a proc. A Python proc, whose only
+    /// way to σOS is the relay, keeps `profile`.
+    pub nodialproxy_profile: String,
     /// Where spproxyd listens: `spproxyd.sock` (the σOS API) and `spproxyd-dialproxy.sock`.
     pub spproxyd_dir: PathBuf,
     /// Relay the proc's σOS connection through the supervisor, which then sees Started and
@@ -50,6 +54,7 @@ impl Default for Config {
         Config {
             interpreter: "python3".into(),
             profile: "sigmaos".into(),
+            nodialproxy_profile: "sigmaos-nodialproxy".into(),
             spproxyd_dir: PathBuf::from("/tmp/spproxyd"),
             relay: true,
             realm: None,
@@ -102,6 +107,9 @@ impl Config {
         }
         if self.profile.is_empty() {
             return Err("profile is empty".into());
+        }
+        if self.nodialproxy_profile.is_empty() {
+            return Err("nodialproxy_profile is empty".into());
         }
         if !self.spproxyd_dir.is_absolute() {
             return Err("spproxyd_dir must be an absolute path".into());
@@ -158,6 +166,7 @@ mod tests {
             r#"
 interpreter = "/opt/venv/bin/python"
 profile = "sigmaos-strict"
+nodialproxy_profile = "/etc/p.toml"
 spproxyd_dir = "/run/spp"
 relay = false
 [realm]
@@ -168,6 +177,7 @@ name = "r1"
         )
         .unwrap();
         assert_eq!(c.interpreter, "/opt/venv/bin/python");
+        assert_eq!(c.nodialproxy_profile, "/etc/p.toml");
         assert!(!c.relay);
         assert_eq!(c.spproxyd_socket(), Path::new("/run/spp/spproxyd.sock"));
         let r = c.realm.unwrap();

@@ -10,6 +10,8 @@
 //!   ├─ config.rs     trampoline.toml beside the binary, or /etc/sigma-supervise/
 //!   ├─ program.rs    PROG read by this pid, main thread: binary → sealed memfd,
 //!   │                script → /sigma/bin/NAME in the jail, python3 → the interpreter
+//!   ├─ procfs.rs     /proc is procd's pid namespace's: this one's mounted in a mount
+//!   │                namespace of the trampoline's own
 //!   ├─ dialproxy.rs  `true`: [i32 LE len+4][SIGMAPRINCIPAL] → SIGMA_DIALPROXY_FD
 //!   ├─ relay.rs      SIGMA_SPPROXY_FD: a pair to the supervisor, spproxyd dialled and a
 //!   │                relay thread started on the proc's first request (sees Exited)
@@ -27,12 +29,16 @@
 //! script runs under the interpreter its line names; anything else is a binary.
 //!
 //! Network: with dialproxy (`true`) the proc has loopback only and reaches σOS through its
-//! dialproxy connection; with `false` it dials σOS itself and gets the host's network.
+//! dialproxy connection; with `false` it dials σOS itself and gets the host's network, and a
+//! binary runs under `nodialproxy_profile` (`sigmaos-nodialproxy`: `sigmaos` plus the sockets
+//! σOS's own trampoline allows such a proc). A Python proc keeps `profile` either way: its only
+//! way to σOS is the relay.
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod contract;
 pub mod dialproxy;
+pub mod procfs;
 pub mod program;
 pub mod relay;
 
@@ -106,6 +112,8 @@ fn build(args: &[OsString]) -> anyhow::Result<Cli> {
     let contract = contract::parse(args, |k| std::env::var_os(k))?;
     let config = Config::load()?;
     let program = program::load(&contract.prog, &contract.name)?;
+    // After binfs is read (by this pid, in procd's mount namespace), before anything forks.
+    procfs::ensure_own()?;
     let python = program.is_python();
     let script_at = Path::new(program::SCRIPT_DIR).join(&contract.name);
     let mut command: Vec<OsString> = Vec::new();
@@ -179,7 +187,12 @@ fn build(args: &[OsString]) -> anyhow::Result<Cli> {
     let mut argv: Vec<OsString> = vec![
         "sigma-supervise".into(),
         "--profile".into(),
-        config.profile.clone().into(),
+        if contract.dialproxy || python {
+            &config.profile
+        } else {
+            &config.nodialproxy_profile
+        }
+        .into(),
         "--cwd".into(),
         "none".into(),
         "--net".into(),
