@@ -33,6 +33,8 @@
 //! optional cgroup. Nothing here decides syscalls; that is the supervisor's filter.
 #![deny(unsafe_code)]
 
+/// What of the supervisor's environment a proc gets (its credentials are withheld).
+pub mod env;
 pub mod guard;
 pub mod hostid;
 mod idmap;
