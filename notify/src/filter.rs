@@ -8,7 +8,7 @@
 //! Architecture: the filter is built for the native architecture (x86_64) only. Its bad-arch
 //! action is `KillProcess`: a call made through a foreign ABI (i386 `int 0x80`, x32 syscall
 //! numbers with bit 30 set) kills the whole process instead of bypassing the rules.
-use crate::NotifyError;
+use crate::error::NotifyError;
 use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
 use nix::errno::Errno;
 use std::io::{Read, Seek, SeekFrom};

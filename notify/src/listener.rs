@@ -8,7 +8,7 @@
 //! polls POLLHUP and `NOTIF_RECV` fails with ENOENT instead of blocking. [`Listener::recv`]
 //! reports that as [`NotifyError::NoTargets`]; [`Listener::recv_or_hup`] as `Ok(None)`.
 //! The supervisor must therefore keep reaping its children (waitpid) to ever see the hang-up.
-use crate::NotifyError;
+use crate::error::NotifyError;
 use nix::errno::Errno;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 

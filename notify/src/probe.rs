@@ -6,7 +6,9 @@
 //!
 //! Typical use (criterion `iter_custom`): [`ProbeChild::start`]`(n)`, answer `n` notifications
 //! on [`ProbeChild::listener`], then [`ProbeChild::finish`].
-use crate::{CompiledFilter, Listener, NotifyError};
+use crate::error::NotifyError;
+use crate::filter::CompiledFilter;
+use crate::listener::Listener;
 use nix::errno::Errno;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -224,7 +226,8 @@ impl Drop for ProbeChild {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Action, FilterSpec, Response, SyscallRule};
+    use crate::filter::{Action, FilterSpec, SyscallRule};
+    use crate::listener::Response;
 
     #[test]
     fn probe_batches_are_answered() {
