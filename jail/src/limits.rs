@@ -2,7 +2,7 @@
 //! under the cgroup v2 hierarchy or the v1 controllers it can write to, removed when the proc
 //! ends. Without a writable hierarchy, `RLIMIT_NPROC` (set in the target, counted per user in
 //! the proc's own user namespace) still caps processes.
-use crate::Limits;
+use crate::spec::Limits;
 use std::path::{Path, PathBuf};
 
 /// A created group: the `cgroup.procs` (or `tasks`) files to join, and the dirs to remove.

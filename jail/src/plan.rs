@@ -1,6 +1,7 @@
 //! A [`JailSpec`] turned into steps before fork: paths checked and converted once, the order of
 //! mounts fixed (parents before children, hides last), so the forked init only executes.
-use crate::{Bind, JailError, JailSpec, Net};
+use crate::error::JailError;
+use crate::spec::{Bind, JailSpec, Net};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};

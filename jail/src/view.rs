@@ -9,7 +9,7 @@
 //!   directory of the first argument that names an existing file (the script);
 //! - the working directory read-write (or read-only, or not at all: [`CwdMode`]);
 //! - private `/tmp`, minimal `/dev`, fresh `/proc` — see [`crate::plan`].
-use crate::{Bind, GeneratedFile, JailSpec};
+use crate::spec::{Bind, GeneratedFile, JailSpec};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
