@@ -1,9 +1,9 @@
 //! How a realm's libraries are shown to a proc.
 //!
-//! The supervisor makes a [`RealmPlan`] from its options before it forks, asks it how the
-//! realm can be shown, adds the mounts or the served path to the proc's jail, and after the
-//! fork turns the plan into a [`Resolver`] (the `--stats` line, and for the notification path
-//! the answers). One of four ways, the first that applies:
+//! The supervisor calls [`show`] before it forks (`show.rs`: the plan is made from its options
+//! and the way the realm can be shown is picked), adds the mounts or the served path to the
+//! proc's jail, and after the fork turns the showing into a [`Resolver`] (the `--stats` line,
+//! and for the notification path the answers). One of four ways, the first that applies:
 //!
 //! ```text
 //! RealmPlan::new ──▶ complete in the lib dir? ── yes ─▶ kernel: the lib dir bound read-only
@@ -35,11 +35,13 @@ pub mod fuse;
 pub mod lazy;
 pub mod realm;
 pub mod serve;
+pub mod show;
 pub mod snapshot;
 pub mod sys;
 
 pub use realm::{RealmOpts, RealmPlan};
 pub use serve::{LocalDirs, Lookup, Resolver, Served};
+pub use show::{show, Showing};
 
 /// If this process was started as one of the realm's helper processes (by its argv[0]: a fill
 /// process, the lazy image's maker or holder, the FUSE server or its unmounter), run it; it

@@ -2,9 +2,30 @@
 //! proc. The child installs the profile's seccomp filter (allow-list, user-notify for path calls)
 //! and execs; this process answers the notifications from outside the filter.
 //!
-//! The path of one call: `main` (cli) → [`spawn`] (fork, mounts, filter, listener hand-off) →
-//! [`supervisor`] (receive loop on a dedicated thread) → [`handlers`] (one module per syscall
-//! family, one shared path routine) → [`serve`] (host-side opens under served dirs).
+//! `main` parses the command line ([`Cli`]) and calls [`run`], which builds the values of one
+//! run and calls down. Data flows one way:
+//!
+//! ```text
+//! main (cli) ─▶ run ─┬─▶ realmfs::show (mounts, or a serve rule) ─────────────┐
+//!                    ├─▶ compiled (the profile's policy + filter, cached)     │
+//!                    ├─▶ container (JailOpts → jail::JailSpec), sigma_api     │
+//!                    ├─▶ spawn (prepare → fork: jailed or bare → Child) ◀─────┘
+//!                    └─▶ supervisor (event loop; reaps, forwards signals)
+//!                           │ one notification
+//!                           ▼
+//!                        handlers (dispatch → path routine / socket / signal)
+//!                           │ a path, resolved            │ a served path
+//!                           ▼                             ▼
+//!                        policy (Continue/Deny/Serve)  serve (realmfs's resolver, host opens)
+//!                           │
+//!                           ▼
+//!                        reply::answer (the single place an outcome becomes the answer)
+//! ```
+//!
+//! Leaves every layer may use and none imports back from: `reply.rs`, `failure.rs`,
+//! `calls.rs` (what the policy is told of the handlers), `on_demand.rs`, `stats.rs`, `sys.rs`.
+//! Beside the call path: `readonly.rs` (the read-only hints), `publish.rs` (the subcommand),
+//! `trampoline/` (σOS's uproc-trampoline contract).
 #![deny(unsafe_code)]
 
 mod calls;
@@ -17,6 +38,7 @@ mod policy;
 mod publish;
 mod readonly;
 mod reply;
+mod run;
 mod serve;
 mod sigma_api;
 mod spawn;
@@ -283,7 +305,7 @@ fn main() -> ExitCode {
     if let Some(Sub::Publish(args)) = &cli.sub {
         return publish::main(args);
     }
-    let end = match run(cli) {
+    let end = match run::run(cli) {
         Ok(end) => {
             jail::mark("finished");
             end
@@ -316,260 +338,6 @@ fn flush_stdio() {
 fn exit_flushed(code: u8) -> ! {
     flush_stdio();
     sys::exit_now(i32::from(code))
-}
-
-
-/// `--trace FILE` (without `=`) is `--trace` to stderr with FILE as the program: when that
-/// program is not found, say how to name the file.
-fn trace_hint(f: Failure, cli: &Cli) -> Failure {
-    let args: Vec<OsString> = std::env::args_os().collect();
-    let after_trace = args
-        .windows(2)
-        .any(|w| w[0] == "--trace" && w[1] == cli.command[0]);
-    if f.code == 127 && cli.trace.as_deref() == Some(std::path::Path::new("-")) && after_trace {
-        let error = anyhow::anyhow!("{} (--trace takes its file as --trace=FILE)", f.error);
-        return Failure { error, code: 127 };
-    }
-    f
-}
-
-fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
-    // Trampoline mode: the proc's binary, read from binfs into a memfd.
-    let memfd = cli
-        .trampoline
-        .as_ref()
-        .and_then(trampoline::Plan::exec_path);
-    let program = match memfd {
-        Some(memfd) => memfd,
-        None => spawn::find_program(&cli.command[0]).map_err(|f| trace_hint(f, &cli))?,
-    };
-    // A realm's lib dir is one more served dir (see realmfs), on the target's PYTHONPATH.
-    let mut realm = realmfs::RealmPlan::new(&cli.realm)?;
-    let mut serves = cli.serve.clone();
-    // A realm with nothing left to fetch is mounted, not served (see RealmPlan::kernel_served).
-    let mut kernel_served = None;
-    // Or shown from the store's shared package trees (see RealmPlan::tree_view).
-    let mut trees = None;
-    let mut lazy = None;
-    if let Some(r) = &mut realm {
-        r.compile_with = realmfs::realm::python_of(&program);
-        r.delegate = r.opts.fill_process.delegates(!cli.jail.no_jail);
-        r.on_helper = handlers::signal::register_helper;
-        if r.compile_with.is_some() {
-            r.prefetch = realmfs::realm::imports_of(&cli.command);
-        }
-        kernel_served = r.kernel_served(!cli.jail.no_jail);
-        if kernel_served.is_none() {
-            trees = r.tree_view(!cli.jail.no_jail);
-        }
-        if kernel_served.is_none() && trees.is_none() {
-            lazy = r.lazy_image(!cli.jail.no_jail);
-            if lazy.is_none() {
-                serves.push(r.serve_rule());
-            }
-        }
-        std::env::set_var(
-            "PYTHONPATH",
-            r.pythonpath(std::env::var_os("PYTHONPATH").as_deref()),
-        );
-    }
-    jail::mark("realm");
-    let trace = stats::TraceSink::open(cli.trace.as_deref())?;
-    // The compiled profiles' cache and the embedded server's scratch; none in a home that does
-    // not exist.
-    let cache_root = cli
-        .realm
-        .cache_dir
-        .clone()
-        .or_else(fetcher::default_cache_root_if_home);
-    // Tracing or counting in the jail: writes it refuses as read-only are explained.
-    let hints = !cli.jail.no_jail && (trace.is_some() || cli.stats);
-    let compiled::Compiled {
-        policy,
-        elide,
-        filter,
-        guard,
-        sendmsg_allowed,
-        execve_allowed,
-        cached,
-    } = compiled::compile(
-        &compiled::Options {
-            profile: &cli.profile,
-            serves: &serves,
-            audit: cli.audit,
-            jailed: !cli.jail.no_jail,
-            notify_paths: cli.always_notify || trace.is_some(),
-            read_only_hints: hints,
-        },
-        cache_root.as_deref(),
-    )?;
-    tracing::debug!(cached, "profile {} compiled", cli.profile);
-    jail::mark("policy");
-    // One CPU for both the target and the notification thread (chosen once).
-    let pin_cpu = match cli.pin {
-        Pin::Off => None,
-        Pin::Auto if !sys::is_realtime() => None,
-        Pin::Auto | Pin::Shared => sys::current_cpu(),
-    };
-    if elide {
-        tracing::info!("no path rule and no --trace: path calls run without notification");
-        if hints {
-            tracing::info!("--stats: calls that write stay notified for the read-only hint");
-        }
-    }
-    let mut api =
-        sigma_api::SigmaApi::from_opts(&cli.sigma, &cli.realm.realm, cache_root.as_deref())?;
-    jail::mark("api");
-    let s3_dir = match &cli.sigma.s3 {
-        sigma_api::S3Backend::Dir(d) => Some(format!("file://{}", d.display())),
-        sigma_api::S3Backend::Aws => None,
-    };
-    let hidden = container::supervisor_paths(
-        cli.realm.cache_dir.as_deref(),
-        cli.realm.bucket.as_deref(),
-        s3_dir.as_deref(),
-        cli.sigma.scratch_dir.as_deref(),
-    );
-    let mut jail = cli.jail.spec(&program, &cli.command, &hidden, cli.grace)?;
-    if let (Some(t), Some(spec)) = (&cli.trampoline, jail.as_mut()) {
-        t.shape(spec);
-    }
-    jail::mark("spec");
-    // Where the jail shows host paths at their own names, for the hint of a failed run.
-    let shown: Option<Vec<PathBuf>> = jail.as_ref().map(|s| {
-        s.binds
-            .iter()
-            .filter(|b| b.src == b.dst)
-            .map(|b| b.dst.clone())
-            .collect()
-    });
-    let mut prepared = spawn::prepare(
-        &program,
-        &cli.command,
-        &policy,
-        spawn::Programs { filter, guard },
-        pin_cpu,
-        jail,
-        &cli.pass_env,
-    )?;
-    prepared.home_inside_jail()?;
-    // The lazy backend marks its image once the target exists, before the program may touch it.
-    prepared.pass_listener(
-        !matches!(lazy, Some(realmfs::realm::LazyView::Image(_))) && sendmsg_allowed,
-    );
-    if let Some((fd, number)) = api.take_target_end() {
-        prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
-    }
-    // σOS's Go client dials /tmp/spproxyd/spproxyd.sock itself: the jail shows the server there.
-    if let Some(dir) = prepared.jail().and_then(|_| api.jail_socket_dir()) {
-        prepared.bind_read_only(&dir, std::path::Path::new(sigma_api::SPPROXYD_DIR))?;
-    }
-    prepared.keep_inherited(&cli.pass_fd);
-    if let Some(t) = &mut cli.trampoline {
-        t.hand_over(&mut prepared)?;
-    }
-    if let Some(r) = &realm {
-        if kernel_served.is_some() {
-            prepared.bind_read_only(&r.lib, &r.opts.lib_prefix)?;
-        }
-        if let Some(view) = &trees {
-            for (src, dst) in r.tree_mounts(view)? {
-                prepared.bind_read_only(&src, &dst)?;
-            }
-        }
-        if let Some(view) = &lazy {
-            prepared.bind_read_only(view.mnt(), &r.opts.lib_prefix)?;
-            for e in view.lib_entries() {
-                prepared.bind_read_only(&r.lib.join(e), &r.opts.lib_prefix.join(e))?;
-            }
-        }
-        prepared.hide_also(&r.root)?;
-    }
-    jail::mark("prepared");
-    let hints = prepared.jail().filter(|_| hints).map(|spec| {
-        let map = readonly::JailMap::new(
-            spec,
-            cli.jail.cwd == container::CwdArg::Ro,
-            cli.jail.withheld_cwd().map(|(dir, _)| dir).as_deref(),
-            &cli.jail.bind_dsts(),
-        );
-        readonly::Hints::new(map)
-    });
-    let mut child = spawn::spawn(prepared)?;
-    if let Some(r) = &realm {
-        r.prepare_image();
-    }
-    // Our memory holds credentials and our /proc files lead to the host: not dumpable, so no
-    // process of the user's (a proc included) can read or ptrace them. (Only now: the jail's
-    // id maps are written through our child's /proc files, which dumpability guards too.)
-    let _ = nix::sys::prctl::set_dumpable(false);
-    // Threads (the fetch runtime) only after fork; the child waits to be released.
-    let resolver: Box<dyn serve::Resolver> = match realm {
-        Some(r) => match (kernel_served, trees.as_ref(), lazy) {
-            (Some(n), _, _) => Box::new(r.kernel_served_resolver(n)),
-            (None, Some(view), _) => Box::new(r.trees_resolver(view)),
-            // Marked before the target is released: its first touch already waits for a fill.
-            (None, None, Some(realmfs::realm::LazyView::Fuse(m))) => Box::new(r.fuse_served(m)),
-            (None, None, Some(realmfs::realm::LazyView::Image(img))) => {
-                // The child's view is built (it waits to be released): mark the proc's mount of
-                // the image. Our child, not yet reaped: the pid names it.
-                img.watch(child.pid, &r.opts.lib_prefix)
-                    .map_err(|e| anyhow::anyhow!("realm {}: lazy backend: {e}", r.opts.realm))?;
-                let init = (!cli.jail.no_jail)
-                    .then(|| sys::pidfd_open(child.pid, 0))
-                    .transpose()
-                    .map_err(|e| anyhow::anyhow!("pidfd_open of the jail's init: {e}"))?;
-                Box::new(r.start_lazy(img, init)?)
-            }
-            // Notified calls wait in the kernel until the notification thread reads them: the
-            // program loads while the realm's cache, runtime and prefetch start.
-            (None, None, None) => {
-                child.release();
-                let resolver = r.start()?;
-                jail::mark("resolver");
-                Box::new(resolver)
-            }
-        },
-        None => Box::new(serve::LocalDirs),
-    };
-    // The program loads while the realm server and the notification thread start.
-    child.release();
-    let mut on_demand = api.on_demand();
-    on_demand.extend(
-        cli.trampoline
-            .as_mut()
-            .and_then(trampoline::Plan::on_demand),
-    );
-    let status = supervisor::supervise(
-        child,
-        policy,
-        trace,
-        cli.stats,
-        pin_cpu,
-        !cli.no_sync_wakeup,
-        resolver,
-        cli.grace,
-        hints,
-        on_demand,
-        execve_allowed,
-        sigma_api::evict,
-    )?;
-    if status.code() != 0 && cli.trampoline.is_none() {
-        if let (Some(shown), Ok(cwd)) = (&shown, std::env::current_dir()) {
-            for p in jail::view::unshown_named(&cli.command, &cwd, shown, 3) {
-                eprintln!(
-                    "sigma-supervise: {} is named on the command line but not shown in the jail: \
-                     --bind {0} shows it read-only (--bind-rw {0} writable)",
-                    p.display()
-                );
-            }
-        }
-    }
-    let end = api.finish(status, cli.stats, cli.sigma.require_started)?;
-    match &cli.trampoline {
-        Some(t) => t.finish(end),
-        None => Ok(end),
-    }
 }
 
 #[cfg(test)]
