@@ -10,6 +10,8 @@
 //! The file format is described in `policies/README.md`.
 #![forbid(unsafe_code)]
 
+/// The compiled-profile cache: an entry per profile text, program and options.
+pub mod compiled;
 pub mod errno;
 mod error;
 mod paths;

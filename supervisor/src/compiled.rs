@@ -1,31 +1,14 @@
-//! Compiled profiles, cached. Parsing a profile (`sigmaos` is ~40 KB of TOML) and compiling its
-//! seccomp programs with libseccomp cost more than building the whole jail, and the result
-//! depends only on the profile's text, this program and a few options of the run. So it is kept
-//! in the cache root (`filters/`, hidden from every proc like the rest of the cache): written
-//! atomically, checked on read (a digest of the entry and its full key), and built again when
-//! missing, stale or corrupt. Nothing here is trusted more than the cache root itself, which
-//! only the user who runs the supervisor can write.
+//! Compiled profiles: the run's policy and seccomp programs, from the compiled-profile cache
+//! ([`policies::compiled`]: an entry per profile text, this program and the options that shape
+//! the filter) or built and stored there.
 #![forbid(unsafe_code)]
 
 use crate::policy::Policy;
 use anyhow::Context as _;
 use notify::CompiledFilter;
-use std::os::unix::fs::DirBuilderExt as _;
+pub use policies::compiled::Options;
+use policies::compiled::{self as cache, Entry, STALE_AFTER};
 use std::path::Path;
-
-/// The options of a run that shape its policy and filter.
-pub struct Options<'a> {
-    /// Builtin name or TOML file.
-    pub profile: &'a str,
-    pub serves: &'a [String],
-    pub audit: bool,
-    /// The proc runs in the σcontainer (else signals are confined by the supervisor).
-    pub jailed: bool,
-    /// Path calls must be notified even without a path rule (`--always-notify`, `--trace`).
-    pub notify_paths: bool,
-    /// Calls that write are notified so a refusal as read-only can be explained.
-    pub read_only_hints: bool,
-}
 
 /// What a run needs: the policy, whether path calls run un-notified, the profile's program
 /// and the jail's guard (jailed runs only).
@@ -45,25 +28,17 @@ pub struct Compiled {
     pub cached: bool,
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Entry {
-    key: String,
-    profile: policies::Profile,
-    filter: String,
-    guard: Option<String>,
-    sendmsg_allowed: bool,
-    execve_allowed: bool,
-    root_fixed: bool,
-    cwd_seen: bool,
-}
-
 /// Load `opts.profile` and compile it, from the cache under `root` when an entry for exactly
 /// these inputs is there. A cache that cannot be read or written only costs the compile.
 pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> {
     let source = policies::source(opts.profile)?;
-    let key = key(opts, &source);
-    let file = root.map(|r| r.join("filters").join(format!("{}.json", digest(&key))));
-    if let Some(entry) = file.as_deref().and_then(|f| read(f, &key)) {
+    // This very program (a rebuild changes the handlers, the profile format, the guard).
+    let exe = std::fs::metadata("/proc/self/exe")
+        .map(|m| fetcher::cache::identity(&m))
+        .unwrap_or_default();
+    let key = cache::key(opts, &source, &exe, env!("CARGO_PKG_VERSION"));
+    let file = root.map(|r| cache::entry_file(r, &key));
+    if let Some(entry) = file.as_deref().and_then(|f| cache::read(f, &key)) {
         if let Ok(c) = from_entry(opts, entry) {
             return Ok(c);
         }
@@ -94,10 +69,12 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
             root_fixed,
             cwd_seen,
         };
-        if let Err(e) = write(f, &entry) {
+        let write_renamed =
+            |p: &Path, d: &[u8]| fetcher::cache::write_renamed(p, d).map_err(std::io::Error::other);
+        if let Err(e) = cache::write(f, &entry, write_renamed) {
             tracing::debug!("not caching the compiled profile at {}: {e:#}", f.display());
         }
-        prune(f, STALE_AFTER);
+        cache::prune(f, STALE_AFTER);
     }
     Ok(Compiled {
         policy,
@@ -150,125 +127,6 @@ fn from_entry(opts: &Options, entry: Entry) -> anyhow::Result<Compiled> {
         execve_allowed: entry.execve_allowed,
         cached: true,
     })
-}
-
-/// Everything the entry depends on, spelled out (compared in full on read).
-fn key(opts: &Options, source: &policies::Source) -> String {
-    // This very program (a rebuild changes the handlers, the profile format, the guard).
-    let exe = std::fs::metadata("/proc/self/exe")
-        .map(|m| fetcher::cache::identity(&m))
-        .unwrap_or_default();
-    let seccomp = libseccomp::ScmpVersion::current()
-        .map(|v| format!("{}.{}.{}", v.major, v.minor, v.micro))
-        .unwrap_or_default();
-    let text = if source.builtin {
-        "builtin".to_owned()
-    } else {
-        digest(&source.text)
-    };
-    // Only where a served dir appears shapes the program, not which host dir serves it: every
-    // realm's lib dir shares one entry (the policy is built with the run's own serves).
-    let served_at: Vec<String> = opts
-        .serves
-        .iter()
-        .map(|s| match policies::parse_serve_arg(s) {
-            Ok((at, _)) => at.display().to_string(),
-            // Refused when the policy is built; keyed as given meanwhile.
-            Err(_) => s.clone(),
-        })
-        .collect();
-    format!(
-        "v5 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} served_at={:?} audit={} \
-         jailed={} notify_paths={} read_only_hints={}",
-        env!("CARGO_PKG_VERSION"),
-        source.file,
-        served_at,
-        opts.audit,
-        opts.jailed,
-        opts.notify_paths,
-        opts.read_only_hints,
-    )
-}
-
-/// A 128-bit digest for naming entries and catching corrupt ones (not a defence against
-/// someone who can write the cache root: that user can replace this program too). SipHash
-/// under two fixed keys: no CPU feature probing, ~1 GB/s.
-fn digest(s: &str) -> String {
-    use std::hash::{BuildHasher as _, Hasher as _};
-    let half = |k: u64| {
-        let mut h =
-            std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default().build_hasher();
-        h.write_u64(k);
-        h.write(s.as_bytes());
-        h.finish()
-    };
-    format!(
-        "{:016x}{:016x}",
-        half(0x5349_474d_4131),
-        half(0x5349_474d_4132)
-    )
-}
-
-/// The largest entry read (a profile with every syscall is ~100 KB).
-const MAX_ENTRY: u64 = 4 << 20;
-
-/// The entry at `file` if it is whole (its digest matches) and made for `key`.
-fn read(file: &Path, key: &str) -> Option<Entry> {
-    use std::io::Read as _;
-    let f = std::fs::File::open(file).ok()?;
-    let len = f.metadata().ok()?.len();
-    if len > MAX_ENTRY {
-        return None;
-    }
-    // Sized once from the entry's length: one read, no growing (a third of a cached start).
-    let mut data = String::with_capacity(len as usize + 1);
-    f.take(MAX_ENTRY + 1).read_to_string(&mut data).ok()?;
-    if data.len() as u64 > MAX_ENTRY {
-        return None;
-    }
-    let (sum, body) = data.split_once('\n')?;
-    if digest(body) != sum {
-        tracing::debug!("compiled-profile cache entry {} is corrupt", file.display());
-        return None;
-    }
-    let entry: Entry = serde_json::from_str(body).ok()?;
-    (entry.key == key).then_some(entry)
-}
-
-/// Entries not written for this long go when another entry is made (a run that misses the
-/// cache): those of earlier builds of this program, of options no longer used. An entry still
-/// in use is only compiled again once.
-const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
-
-/// Remove the entries beside `keep` last written more than `age` ago (best effort).
-fn prune(keep: &Path, age: std::time::Duration) {
-    let Some(dir) = keep.parent() else { return };
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let now = std::time::SystemTime::now();
-    for e in entries.flatten() {
-        let path = e.path();
-        let stale = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| now.duration_since(t).is_ok_and(|d| d > age));
-        if stale && path != keep && path.extension().is_some_and(|x| x == "json") {
-            let _ = std::fs::remove_file(&path);
-        }
-    }
-}
-
-/// Write atomically: a temporary file in the same directory, renamed over the entry.
-fn write(file: &Path, entry: &Entry) -> anyhow::Result<()> {
-    let dir = file.parent().context("entry has no directory")?;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let body = serde_json::to_string(entry)?;
-    fetcher::cache::write_renamed(file, format!("{}\n{body}", digest(&body)).as_bytes())?;
-    Ok(())
 }
 
 #[cfg(test)]
