@@ -47,6 +47,8 @@ pub mod init;
 pub mod limits;
 mod plan;
 pub mod shed;
+/// Where a directory of the jail comes from (for the supervisor's read-only hints).
+pub mod shown;
 mod spec;
 mod sys;
 pub mod view;

@@ -11,6 +11,8 @@
 #![forbid(unsafe_code)]
 
 use crate::calls::{open_writes, Writes};
+use jail::shown::Came;
+pub use jail::shown::JailMap;
 use nix::errno::Errno;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::SFlag;
@@ -140,154 +142,52 @@ pub fn refused_dir(pid: u32, abs: &Path, w: Write, follow: bool) -> Option<PathB
     }
 }
 
-/// Why a directory is in the jail, for the hint's wording.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Origin {
-    /// The working directory, shown read-only by `--cwd ro`.
-    Cwd,
-    /// The script's directory, the program's prefix, a `--bind`: `--bind-rw` shows it writable.
-    Bind,
-    /// The standard system view (`/usr`, `/etc`, ...), the jail's own root, the supervisor's.
-    System,
-}
-
-#[derive(Debug)]
-struct Shown {
-    dst: PathBuf,
-    src: PathBuf,
-    origin: Origin,
-}
-
-/// Jail paths mapped back to the host paths their binds show, with why each bind is there.
-#[derive(Debug)]
-pub struct JailMap {
-    shown: Vec<Shown>,
-    /// Host paths that are the supervisor's (cache, buckets, scratch): never suggested.
-    hides: Vec<PathBuf>,
-    /// Jail directories the supervisor fills (served prefixes).
-    served: Vec<PathBuf>,
-    /// The working directory `--cwd auto` did not show (an empty directory at its path).
-    withheld_cwd: Option<PathBuf>,
-}
-
-impl JailMap {
-    /// From the jail as it will be built; `cwd_ro`: the working directory was shown read-only
-    /// by `--cwd ro`; `withheld_cwd`: the working directory `--cwd auto` did not show;
-    /// `user_dsts`: where the user's own `--bind`s are shown.
-    pub fn new(
-        spec: &jail::JailSpec,
-        cwd_ro: bool,
-        withheld_cwd: Option<&Path>,
-        user_dsts: &[PathBuf],
-    ) -> JailMap {
-        let mut shown: Vec<Shown> = Vec::new();
-        for b in &spec.binds {
-            let origin = if user_dsts.contains(&b.dst) {
-                Origin::Bind
-            } else if cwd_ro && b.src == b.dst && spec.workdir.as_ref() == Some(&b.dst) {
-                Origin::Cwd
-            } else if jail::view::is_system_path(&b.dst) {
-                Origin::System
-            } else {
-                Origin::Bind
-            };
-            // The last bind for a destination is the one the jail shows.
-            shown.retain(|s| s.dst != b.dst);
-            shown.push(Shown {
-                dst: b.dst.clone(),
-                src: b.src.clone(),
-                origin,
-            });
-        }
-        JailMap {
-            shown,
-            hides: spec.hides.clone(),
-            served: spec
-                .dirs
-                .iter()
-                .filter(|d| Some(d.as_path()) != withheld_cwd)
-                .cloned()
-                .collect(),
-            withheld_cwd: withheld_cwd.map(Path::to_path_buf),
-        }
-    }
-
-    /// For the read-only jail directory `dir`: the key it is hinted once under (the host
-    /// directory, or the jail path for the system view) and the hint.
-    fn hint(&self, dir: &Path) -> (PathBuf, String) {
-        let supervisors = || {
-            (
-                dir.to_path_buf(),
-                format!(
-                    "{} is read-only in the jail: the supervisor serves it (realm libraries, \
-                     --serve) and no flag makes it writable",
-                    shown(dir)
-                ),
-            )
-        };
-        if self.served.iter().any(|p| dir.starts_with(p)) {
-            return supervisors();
-        }
-        if self.withheld_cwd.as_deref() == Some(dir) {
-            return (
-                dir.to_path_buf(),
-                format!(
-                    "{} is read-only in the jail: the working directory is not shown there \
-                     by default (a home, shared temporary or system directory); --cwd rw shows \
-                     it writable",
-                    shown(dir)
-                ),
-            );
-        }
-        let system = || {
-            (
-                dir.to_path_buf(),
-                format!(
-                    "{} is read-only in the jail: it is part of the read-only system view",
-                    shown(dir)
-                ),
-            )
-        };
-        let Some(s) = self
-            .shown
-            .iter()
-            .filter(|s| dir.starts_with(&s.dst))
-            .max_by_key(|s| s.dst.components().count())
-        else {
-            // The jail's own root, /proc/sys, a generated /etc file, a served prefix.
-            return system();
-        };
-        let rest = dir.strip_prefix(&s.dst).unwrap_or(Path::new(""));
-        let host = if rest.as_os_str().is_empty() {
-            s.src.clone()
-        } else {
-            s.src.join(rest)
-        };
-        if self.hides.iter().any(|h| host.starts_with(h)) {
-            return supervisors();
-        }
-        let line = match s.origin {
-            Origin::System => return system(),
-            Origin::Cwd => format!(
+/// For the read-only jail directory `dir`: the key it is hinted once under (the host
+/// directory, or the jail path for the system view) and the hint.
+fn hint(map: &JailMap, dir: &Path) -> (PathBuf, String) {
+    let line = match map.origin(dir) {
+        Came::Supervisors => format!(
+            "{} is read-only in the jail: the supervisor serves it (realm libraries, --serve) \
+             and no flag makes it writable",
+            shown(dir)
+        ),
+        Came::WithheldCwd => format!(
+            "{} is read-only in the jail: the working directory is not shown there by default \
+             (a home, shared temporary or system directory); --cwd rw shows it writable",
+            shown(dir)
+        ),
+        Came::System => format!(
+            "{} is read-only in the jail: it is part of the read-only system view",
+            shown(dir)
+        ),
+        Came::Cwd { host } => {
+            let line = format!(
                 "{} is read-only in the jail: --cwd rw makes it writable",
                 shown(&host)
-            ),
-            Origin::Bind if host == dir => format!(
-                "{} is read-only in the jail: --bind-rw {} makes it writable",
-                shown(&host),
-                shown(&host)
-            ),
-            Origin::Bind => format!(
-                "{} (at {} in the jail) is read-only in the jail: --bind-rw {}:{} makes it \
-                 writable",
-                shown(&host),
-                shown(dir),
-                shown(&host),
-                shown(dir)
-            ),
-        };
-        (host, line)
-    }
+            );
+            return (host, line);
+        }
+        Came::Bind { host } => {
+            let line = if host == dir {
+                format!(
+                    "{} is read-only in the jail: --bind-rw {} makes it writable",
+                    shown(&host),
+                    shown(&host)
+                )
+            } else {
+                format!(
+                    "{} (at {} in the jail) is read-only in the jail: --bind-rw {}:{} makes it \
+                     writable",
+                    shown(&host),
+                    shown(dir),
+                    shown(&host),
+                    shown(dir)
+                )
+            };
+            return (host, line);
+        }
+    };
+    (dir.to_path_buf(), line)
 }
 
 /// A path for one line of output: control characters become `?`.
@@ -325,7 +225,7 @@ impl Hints {
     /// A write into read-only jail directory `dir` is about to be refused: the first time for
     /// this directory, say which flag would make it writable (stderr).
     pub fn note(&self, dir: &Path) {
-        let (key, line) = self.map.hint(dir);
+        let (key, line) = hint(&self.map, dir);
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         if log.seen.contains(&key) {
             return;
@@ -490,7 +390,7 @@ mod tests {
     #[test]
     fn hints_name_the_flag_and_the_host_directory() {
         let m = map();
-        let hint = |d: &str| m.hint(Path::new(d));
+        let hint = |d: &str| hint(&m, Path::new(d));
         let (key, line) = hint("/home/u/work/sub");
         assert_eq!(key, Path::new("/home/u/work/sub"));
         assert_eq!(
@@ -532,8 +432,7 @@ mod tests {
         spec.binds.push(jail::Bind::ro("/home/u/work"));
         spec.workdir = Some("/home/u/work".into());
         let m = JailMap::new(&spec, false, None, &[]);
-        assert!(m
-            .hint(Path::new("/home/u/work"))
+        assert!(super::hint(&m, Path::new("/home/u/work"))
             .1
             .contains("--bind-rw /home/u/work "));
         assert_eq!(shown(Path::new("/a\nb")), "/a?b");
@@ -542,7 +441,7 @@ mod tests {
         spec.dirs.push("/root".into());
         spec.workdir = Some("/root".into());
         let m = JailMap::new(&spec, false, Some(Path::new("/root")), &[]);
-        let (key, line) = m.hint(Path::new("/root"));
+        let (key, line) = super::hint(&m, Path::new("/root"));
         assert_eq!(key, Path::new("/root"));
         assert!(line.ends_with("--cwd rw shows it writable"), "{line}");
     }
