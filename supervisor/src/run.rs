@@ -5,7 +5,10 @@
 #![forbid(unsafe_code)]
 
 use crate::failure::Failure;
-use crate::Cli;
+use crate::{
+    compiled, container, handlers, readonly, serve, sigma_api, spawn, stats, supervisor, sys,
+    trampoline, Cli, Pin,
+};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -29,10 +32,10 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
     let memfd = cli
         .trampoline
         .as_ref()
-        .and_then(crate::trampoline::Plan::exec_path);
+        .and_then(trampoline::Plan::exec_path);
     let program = match memfd {
         Some(memfd) => memfd,
-        None => crate::spawn::find_program(&cli.command[0]).map_err(|f| trace_hint(f, &cli))?,
+        None => spawn::find_program(&cli.command[0]).map_err(|f| trace_hint(f, &cli))?,
     };
     // A realm is mounted, or shown by the lazy backend, or its lib dir is one more served dir
     // (see realmfs); its prefix is on the target's PYTHONPATH.
@@ -41,7 +44,7 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
         &program,
         &cli.command,
         !cli.jail.no_jail,
-        crate::handlers::signal::register_helper,
+        handlers::signal::register_helper,
     )?;
     let mut serves = cli.serve.clone();
     if let Some(r) = &realm {
@@ -52,7 +55,7 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
         );
     }
     jail::mark("realm");
-    let trace = crate::stats::TraceSink::open(cli.trace.as_deref())?;
+    let trace = stats::TraceSink::open(cli.trace.as_deref())?;
     // The compiled profiles' cache and the embedded server's scratch; none in a home that does
     // not exist.
     let cache_root = cli
@@ -62,7 +65,7 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
         .or_else(fetcher::default_cache_root_if_home);
     // Tracing or counting in the jail: writes it refuses as read-only are explained.
     let hints = !cli.jail.no_jail && (trace.is_some() || cli.stats);
-    let crate::compiled::Compiled {
+    let compiled::Compiled {
         policy,
         elide,
         filter,
@@ -70,8 +73,8 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
         sendmsg_allowed,
         execve_allowed,
         cached,
-    } = crate::compiled::compile(
-        &crate::compiled::Options {
+    } = compiled::compile(
+        &compiled::Options {
             profile: &cli.profile,
             serves: &serves,
             audit: cli.audit,
@@ -85,9 +88,9 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
     jail::mark("policy");
     // One CPU for both the target and the notification thread (chosen once).
     let pin_cpu = match cli.pin {
-        crate::Pin::Off => None,
-        crate::Pin::Auto if !crate::sys::is_realtime() => None,
-        crate::Pin::Auto | crate::Pin::Shared => crate::sys::current_cpu(),
+        Pin::Off => None,
+        Pin::Auto if !sys::is_realtime() => None,
+        Pin::Auto | Pin::Shared => sys::current_cpu(),
     };
     if elide {
         tracing::info!("no path rule and no --trace: path calls run without notification");
@@ -96,13 +99,13 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
         }
     }
     let mut api =
-        crate::sigma_api::SigmaApi::from_opts(&cli.sigma, &cli.realm.realm, cache_root.as_deref())?;
+        sigma_api::SigmaApi::from_opts(&cli.sigma, &cli.realm.realm, cache_root.as_deref())?;
     jail::mark("api");
     let s3_dir = match &cli.sigma.s3 {
-        crate::sigma_api::S3Backend::Dir(d) => Some(format!("file://{}", d.display())),
-        crate::sigma_api::S3Backend::Aws => None,
+        sigma_api::S3Backend::Dir(d) => Some(format!("file://{}", d.display())),
+        sigma_api::S3Backend::Aws => None,
     };
-    let hidden = crate::container::supervisor_paths(
+    let hidden = container::supervisor_paths(
         cli.realm.cache_dir.as_deref(),
         cli.realm.bucket.as_deref(),
         s3_dir.as_deref(),
@@ -121,11 +124,11 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
             .map(|b| b.dst.clone())
             .collect()
     });
-    let mut prepared = crate::spawn::prepare(
+    let mut prepared = spawn::prepare(
         &program,
         &cli.command,
         &policy,
-        crate::spawn::Programs { filter, guard },
+        spawn::Programs { filter, guard },
         pin_cpu,
         jail,
         &cli.pass_env,
@@ -138,7 +141,7 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
     }
     // σOS's Go client dials /tmp/spproxyd/spproxyd.sock itself: the jail shows the server there.
     if let Some(dir) = prepared.jail().and_then(|_| api.jail_socket_dir()) {
-        prepared.bind_read_only(&dir, std::path::Path::new(crate::sigma_api::SPPROXYD_DIR))?;
+        prepared.bind_read_only(&dir, std::path::Path::new(sigma_api::SPPROXYD_DIR))?;
     }
     prepared.keep_inherited(&cli.pass_fd);
     if let Some(t) = &mut cli.trampoline {
@@ -152,15 +155,15 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
     }
     jail::mark("prepared");
     let hints = prepared.jail().filter(|_| hints).map(|spec| {
-        let map = crate::readonly::JailMap::new(
+        let map = readonly::JailMap::new(
             spec,
-            cli.jail.cwd == crate::container::CwdArg::Ro,
+            cli.jail.cwd == container::CwdArg::Ro,
             cli.jail.withheld_cwd().map(|(dir, _)| dir).as_deref(),
             &cli.jail.bind_dsts(),
         );
-        crate::readonly::Hints::new(map)
+        readonly::Hints::new(map)
     });
-    let mut child = crate::spawn::spawn(prepared)?;
+    let mut child = spawn::spawn(prepared)?;
     if let Some(r) = &realm {
         r.forked();
     }
@@ -169,9 +172,9 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
     // id maps are written through our child's /proc files, which dumpability guards too.)
     let _ = nix::sys::prctl::set_dumpable(false);
     // Threads (the fetch runtime) only after fork; the child waits to be released.
-    let resolver: Box<dyn crate::serve::Resolver> = match realm {
+    let resolver: Box<dyn serve::Resolver> = match realm {
         Some(r) => r.resolver(child.pid, !cli.jail.no_jail, || child.release())?,
-        None => Box::new(crate::serve::LocalDirs),
+        None => Box::new(serve::LocalDirs),
     };
     // The program loads while the realm server and the notification thread start.
     child.release();
@@ -179,9 +182,9 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
     on_demand.extend(
         cli.trampoline
             .as_mut()
-            .and_then(crate::trampoline::Plan::on_demand),
+            .and_then(trampoline::Plan::on_demand),
     );
-    let status = crate::supervisor::supervise(
+    let status = supervisor::supervise(
         child,
         policy,
         trace,
@@ -193,7 +196,7 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
         hints,
         on_demand,
         execve_allowed,
-        crate::sigma_api::evict,
+        sigma_api::evict,
     )?;
     if status.code() != 0 && cli.trampoline.is_none() {
         if let (Some(shown), Ok(cwd)) = (&shown, std::env::current_dir()) {
