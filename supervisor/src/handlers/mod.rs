@@ -1,9 +1,8 @@
-//! Syscall handlers. Each family module *declares* its syscalls' path arguments ([`Spec`]) and
-//! implements what the supervisor does when a path is served ([`ServeFn`], one uniform
+//! Syscall handlers. Each family module *declares* its syscalls' path arguments ([`spec::Spec`]) and
+//! implements what the supervisor does when a path is served ([`spec::ServeFn`], one uniform
 //! signature returning `Result<Reply, Errno>`). [`path_call`] is the one routine that reads the
 //! paths from the target, resolves them, asks the policy and re-checks the notification id
 //! before a serve; handlers never read target memory for paths themselves.
-#![forbid(unsafe_code)]
 //!
 //! ```text
 //! supervisor (event loop) ─ Kind ─▶ path::path_call ── reads, resolves ──▶ policy::decide
@@ -15,9 +14,10 @@
 //!   reply::answer ◀── Result<Reply, Errno>
 //! ```
 //!
-//! Files: `spec.rs` (the declaration types), `table.rs` (every [`Spec`]), `path.rs` (the
+//! Files: `spec.rs` (the declaration types), `table.rs` (every `Spec`), `path.rs` (the
 //! shared routine), `context.rs` (what the handlers share with the loop), `dispatch.rs` (a
 //! syscall number to its handler), `refuse.rs`, and one file per family.
+#![forbid(unsafe_code)]
 
 pub mod access;
 mod context;
