@@ -109,6 +109,11 @@ var cases = []spawnCase{
 		},
 	},
 	{
+		name: "python-realm-lib", spproxy: true, prog: "e2e-realm.py", started: true, want: wantOK,
+		ours: true, args: func(pid sp.Tpid) []string { return []string{outName(pid), "σOS"} },
+		check: checkRealm,
+	},
+	{
 		name: "confinement", spproxy: true, prog: "e2e-confine.py", args: outArg, started: true, want: wantOK,
 		ours: true, check: checkConfined,
 	},
@@ -145,6 +150,21 @@ func checkStdlib(t *testing.T, ts *test.Tstate, pid sp.Tpid) {
 			t.Errorf("stdlib %v = %v, want %v (all: %s)", k, got[k], v, b)
 		}
 	}
+}
+
+// checkRealm: greet (examples/demo-lib, only in the realm's bucket) answered, from the realm.
+func checkRealm(t *testing.T, ts *test.Tstate, pid sp.Tpid) {
+	var got map[string]string
+	b := readOut(t, ts, pid)
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatalf("%v: %v (%q)", outPath(pid), err, b)
+	}
+	digest := fmt.Sprintf("%x", sha256.Sum256([]byte("σOS")))[:12]
+	want := "hello, σOS (sha256 " + digest + ") from a library fetched at import time"
+	if got["hello"] != want {
+		t.Errorf("greet.hello: %q, want %q", got["hello"], want)
+	}
+	fmt.Printf("E2E realm greet from %v\n", got["file"])
 }
 
 // checkConfined: every attempt refused or its target absent from the proc's world.
