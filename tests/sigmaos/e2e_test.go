@@ -177,10 +177,14 @@ func checkConfined(t *testing.T, ts *test.Tstate, pid sp.Tpid) {
 	for _, k := range []string{
 		"aws-credentials", "binfs", "binfs-sleeper", "jails", "kernel-bin", "kernel-procd",
 		"user-bin", "staging", "etcd-data", "spproxyd-dir", "ptrace-attach-parent",
-		"mount-tmpfs", "unshare-user", "chroot", "tcp-etcd",
+		"mount-tmpfs", "unshare-user", "chroot", "tcp-etcd", "fds",
 	} {
 		v, ok := got[k]
 		confined := strings.HasPrefix(v, "refused: ") || v == "hidden" || v == "LISTED []"
+		// No descriptor of procd's reaches the proc: its σOS connection (and copies) only.
+		if k == "fds" && v == "none beyond the σOS connection" {
+			confined = true
+		}
 		// The staging directory may show the interpreter's venv (its prefix), nothing else.
 		if k == "staging" && v == "LISTED ['venv']" {
 			confined = true

@@ -2,7 +2,7 @@
 `{attempt: outcome}`, then exits OK: the client judges the outcomes, not this program.
 
 An outcome is "refused: <errno name>" or "hidden" (the path does not exist in the proc's
-world), or what leaked ("READ n bytes", "LISTED [...]", "DONE").
+world), or what leaked ("READ n bytes", "LISTED [...]", "LEAKED [fds]", "DONE").
 
 usage: e2e-confine.py OUT
 """
@@ -51,6 +51,20 @@ listdir("user-bin", f"{H}/bin/user")
 listdir("staging", H)
 read("etcd-data", "/tmp/etcd/member/snap/db")
 listdir("spproxyd-dir", "/tmp/spproxyd")
+
+# Descriptors: only stdin, stdout, stderr and the σOS connection (procd's leak, e.g. its
+# /dev/fuse, must not reach the proc).
+given = {0, 1, 2}
+sigma = os.readlink(f"/proc/self/fd/{os.environ['SIGMA_SPPROXY_FD']}")  # pysigma holds copies
+extra = []
+for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        continue  # the listing's own descriptor, closed by now
+    if fd not in given and target != sigma:
+        extra.append(f"{fd}->{target}")
+report["fds"] = "none beyond the σOS connection" if not extra else f"LEAKED {extra}"
 
 libc = ctypes.CDLL(None, use_errno=True)
 
