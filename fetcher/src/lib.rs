@@ -5,6 +5,8 @@
 //! * [`index`] — the bucket index: top-level names → packages, sha256/size of every file.
 //! * [`publish`] — build package archives from wheels or directories and upload them, index last.
 //! * [`cache`] — [`RealmCache`]: per-realm lib dirs over a shared content-addressed store.
+//! * `objects` (feature `spproxy`) — spproxy's object store over the [`Store`] backends, for an
+//!   embedded realm server's `name/s3/~local`.
 //!
 //! See `fetcher/README.md` for the bucket layout and the reasoning behind it.
 #![forbid(unsafe_code)]
@@ -15,6 +17,8 @@ pub mod config;
 pub mod error;
 pub mod frames;
 pub mod index;
+#[cfg(feature = "spproxy")]
+pub mod objects;
 mod progress;
 pub mod publish;
 mod retry;
