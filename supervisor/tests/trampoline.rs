@@ -492,3 +492,20 @@ fn in_procds_pid_namespace_and_sockets_by_dialproxy() {
     let o = run(&mut t.cmd(&script, false, &[]));
     assert_eq!(stdout(&o), format!("refused {}\n", libc::EPERM), "{o:?}");
 }
+
+/// A binary whose σOS client dials spproxyd itself (SIGMACONFIG's `useSPProxy`) sees that
+/// socket, alone, at its path; any other proc sees nothing of spproxyd's directory.
+#[test]
+fn spproxyds_socket_is_shown_only_to_a_proc_that_dials_it() {
+    let t = Tramp::new("");
+    let _srv = t.spproxyd();
+    std::fs::write(t.path("spp/other"), b"x").unwrap();
+    let sh = t.publish("sh", &std::fs::read("/bin/sh").unwrap());
+    let spp = t.path("spp").display().to_string();
+    let script = format!("test -S {spp}/spproxyd.sock && echo socket; ls -A {spp} | tr '\\n' ' '");
+    let uses = r#"{"pidStr":"p-1","program":"x","realmStr":"rootrealm","useSPProxy":true}"#;
+    let o = run(t.cmd(&sh, false, &["-c", &script]).env("SIGMACONFIG", uses));
+    assert_eq!(stdout(&o), "socket\nspproxyd.sock ", "{o:?}");
+    let o = run(&mut t.cmd(&sh, false, &["-c", &script]));
+    assert!(!stdout(&o).contains("socket"), "{o:?}");
+}

@@ -79,6 +79,13 @@ var cases = []spawnCase{
 		want:    wantOK,
 		check:   checkSleeperOut,
 	},
+	// σOS's sleeper again, its σOS client in spproxyd: it dials /tmp/spproxyd/spproxyd.sock
+	// itself (the jail shows that socket and nothing else of the directory).
+	{
+		name: "sleeper-spproxy", spproxy: true, prog: "sleeper",
+		args:    func(sp.Tpid) []string { return []string{"0ms", "name/"} },
+		started: true, want: wantOK, check: checkSleeperOut,
+	},
 	// The programs below are ours (tests/sigmaos/procs/, installed as e2e-<name>-v1.0) and
 	// never speak to σOS: procd's own record of how they ended is what is checked.
 	{name: "exit1", prog: "e2e-exit1", args: noArgs, want: wantError, msg: "(exit status 1)"},

@@ -27,6 +27,8 @@ pub struct Contract {
     pub principal: Option<String>,
     /// The proc's σOS realm (`realmStr` of SIGMACONFIG), empty if it names none.
     pub realm: String,
+    /// SIGMACONFIG's `useSPProxy`: σOS's own client in the proc dials spproxyd's socket.
+    pub use_spproxy: bool,
 }
 
 /// `args` is what follows the trampoline's name (`PID PROG true|false ARGS…`); `env` reads
@@ -71,9 +73,8 @@ pub fn parse(
     let config = config
         .to_str()
         .ok_or_else(|| anyhow!("SIGMACONFIG is not UTF-8"))?;
-    let realm = spproxy::procenv::from_json(config)
-        .map_err(|e| anyhow!("{e}"))?
-        .realm_str;
+    let pe = spproxy::procenv::from_json(config).map_err(|e| anyhow!("{e}"))?;
+    let (realm, use_spproxy) = (pe.realm_str, pe.use_sp_proxy);
     let principal = if dialproxy {
         let p = env("SIGMAPRINCIPAL").ok_or_else(|| {
             anyhow!("SIGMAPRINCIPAL is not set (the dialproxy handshake needs it)")
@@ -96,6 +97,7 @@ pub fn parse(
         args: rest.to_vec(),
         principal,
         realm,
+        use_spproxy,
     })
 }
 

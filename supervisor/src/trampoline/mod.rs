@@ -95,6 +95,9 @@ pub struct Plan {
     seen: Option<Arc<relay::Seen>>,
     /// The configured interpreter runs the proc: its only way to σOS is the relay.
     python: bool,
+    /// spproxyd's socket, shown at the same path in the jail: a binary whose σOS client dials
+    /// it itself (SIGMACONFIG's `useSPProxy`); nothing else of its directory is shown.
+    spproxyd: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -251,6 +254,7 @@ fn build(args: &[OsString]) -> anyhow::Result<Cli> {
         relay,
         seen,
         python,
+        spproxyd: (contract.use_spproxy && !python && present).then(|| config.spproxyd_socket()),
     });
     Ok(cli)
 }
@@ -279,6 +283,10 @@ impl Plan {
             }
         }
         spec.files.extend(self.files.iter().cloned());
+        if let Some(sock) = &self.spproxyd {
+            // A socket's connect needs no write access to the mount; the proc sees it as its own.
+            spec.binds.push(jail::Bind::ro(sock.clone()).idmapped());
+        }
     }
 
     /// The proc's descriptors: dialproxy's and its σOS connection.
