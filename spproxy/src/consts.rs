@@ -146,6 +146,17 @@ pub fn ecode_name(code: u32) -> &'static str {
     ECODE_NAMES.get(code as usize).copied().unwrap_or("Unknown")
 }
 
+/// σOS's proc status name (proc/status.go), `"unknown"` for others.
+pub fn status_name(status: u32) -> &'static str {
+    match status {
+        STATUS_OK => "OK",
+        STATUS_EVICTED => "EVICTED",
+        STATUS_ERR => "ERR",
+        STATUS_FATAL => "FATAL",
+        _ => "unknown",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

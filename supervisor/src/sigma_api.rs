@@ -26,8 +26,9 @@ use crate::failure::Failure;
 use anyhow::{anyhow, Context as _};
 pub use fetcher::objects::{FetcherObjects, S3Backend};
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-use spproxy::consts::{STATUS_ERR, STATUS_EVICTED, STATUS_FATAL, STATUS_OK};
-use spproxy::server::{LocalDirStore, ObjectStore, ProcState, Server, ServerConfig, ServerLimits};
+use spproxy::server::{
+    exited_line, LocalDirStore, ObjectStore, ProcState, Server, ServerConfig, ServerLimits,
+};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -390,7 +391,7 @@ impl SigmaApi {
             eprintln!("sigma-supervise: {}", exited_line(*status, msg));
         }
         if want_stats {
-            eprintln!("{}", stats_line(&st));
+            eprintln!("sigma-supervise proc: {}", st.summary());
         }
         if require_started && !st.started {
             return Err(Failure {
@@ -506,39 +507,6 @@ impl AsFd for Listening {
     }
 }
 
-/// σOS's proc status name (proc/status.go).
-pub fn status_name(status: u32) -> &'static str {
-    match status {
-        STATUS_OK => "OK",
-        STATUS_EVICTED => "EVICTED",
-        STATUS_ERR => "ERR",
-        STATUS_FATAL => "FATAL",
-        _ => "unknown",
-    }
-}
-
-/// `proc exited: status 1 (OK) "msg"` (the message escaped as a Rust string literal's body).
-pub fn exited_line(status: u32, msg: &str) -> String {
-    format!(
-        "proc exited: status {status} ({}) \"{}\"",
-        status_name(status),
-        msg.escape_debug()
-    )
-}
-
-/// `sigma-supervise proc: started yes, exited status 1 (OK), N σOS calls`.
-pub fn stats_line(st: &ProcState) -> String {
-    let exited = match &st.exited {
-        Some((s, _)) => format!("exited status {s} ({})", status_name(*s)),
-        None => "never exited".to_owned(),
-    };
-    format!(
-        "sigma-supervise proc: started {}, {exited}, {} σOS calls",
-        if st.started { "yes" } else { "no" },
-        st.calls
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -565,18 +533,5 @@ mod tests {
             Ok(SigmaMode::Socket("/tmp/s.sock".into()))
         );
         assert!(SigmaMode::parse("").is_err());
-    }
-
-    #[test]
-    fn exited_line_escapes_the_message() {
-        assert_eq!(
-            exited_line(1, "Exited normally!"),
-            "proc exited: status 1 (OK) \"Exited normally!\""
-        );
-        assert_eq!(
-            exited_line(3, "bad\n\"x\""),
-            "proc exited: status 3 (ERR) \"bad\\n\\\"x\\\"\""
-        );
-        assert_eq!(exited_line(9, ""), "proc exited: status 9 (unknown) \"\"");
     }
 }

@@ -63,7 +63,7 @@ use nix::sys::stat::Mode;
 pub use crate::store::{LocalDirStore, ObjectMeta, ObjectStore, StoreError};
 pub use config::{ServerConfig, ServerLimits};
 pub use error::ServerError;
-pub use procstate::ProcState;
+pub use procstate::{exited_line, ProcState};
 pub use quota::Quota;
 pub use reply::errno_code;
 use state::Inner;

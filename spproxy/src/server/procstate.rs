@@ -7,6 +7,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::consts::status_name;
 use crate::proto::ProcEnvProto;
 
 use super::sync::lock;
@@ -23,6 +24,30 @@ pub struct ProcState {
     /// Requests served: on this connection in [`Registry::all`], on all connections in
     /// [`Registry::primary`].
     pub calls: u64,
+}
+
+impl ProcState {
+    /// `started yes, exited status 1 (OK), N σOS calls`.
+    pub fn summary(&self) -> String {
+        let exited = match &self.exited {
+            Some((s, _)) => format!("exited status {s} ({})", status_name(*s)),
+            None => "never exited".to_owned(),
+        };
+        format!(
+            "started {}, {exited}, {} σOS calls",
+            if self.started { "yes" } else { "no" },
+            self.calls
+        )
+    }
+}
+
+/// `proc exited: status 1 (OK) "msg"` (the message escaped as a Rust string literal's body).
+pub fn exited_line(status: u32, msg: &str) -> String {
+    format!(
+        "proc exited: status {status} ({}) \"{}\"",
+        status_name(status),
+        msg.escape_debug()
+    )
 }
 
 /// A connection's identity once Init succeeded.
@@ -90,5 +115,36 @@ impl Registry {
 
     pub fn all(&self) -> Vec<ProcState> {
         lock(&self.procs).iter().map(|s| lock(s).clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exited_line_escapes_the_message() {
+        assert_eq!(
+            exited_line(1, "Exited normally!"),
+            "proc exited: status 1 (OK) \"Exited normally!\""
+        );
+        assert_eq!(
+            exited_line(3, "bad\n\"x\""),
+            "proc exited: status 3 (ERR) \"bad\\n\\\"x\\\"\""
+        );
+        assert_eq!(exited_line(9, ""), "proc exited: status 9 (unknown) \"\"");
+    }
+
+    #[test]
+    fn summary_says_what_the_proc_reported() {
+        let mut st = ProcState::default();
+        assert_eq!(st.summary(), "started no, never exited, 0 σOS calls");
+        st.started = true;
+        st.exited = Some((1, String::new()));
+        st.calls = 5;
+        assert_eq!(
+            st.summary(),
+            "started yes, exited status 1 (OK), 5 σOS calls"
+        );
     }
 }
