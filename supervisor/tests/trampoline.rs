@@ -509,3 +509,27 @@ fn spproxyds_socket_is_shown_only_to_a_proc_that_dials_it() {
     let o = run(&mut t.cmd(&sh, false, &["-c", &script]));
     assert!(!stdout(&o).contains("socket"), "{o:?}");
 }
+
+/// As the init of procd's pid namespace the trampoline cannot die of a signal it raises: a
+/// proc's fault ends it by the same fault (procd records the signal); SIGTERM is 128+15.
+#[test]
+fn as_a_pid_namespace_init_a_fault_is_passed_on_as_the_signal() {
+    let t = Tramp::new("");
+    let py = t.publish("tool", &std::fs::read(interp::python()).unwrap());
+    let sh = t.publish("sh", &std::fs::read("/bin/sh").unwrap());
+    let in_pidns = |c: Command| {
+        let mut u = Command::new("unshare");
+        u.args(["--pid", "--fork", "--mount", "--"])
+            .arg(c.get_program())
+            .args(c.get_args())
+            .env_clear()
+            .envs(c.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))))
+            .current_dir("/");
+        run(&mut u)
+    };
+    let segv = "import ctypes; ctypes.string_at(0)";
+    let o = in_pidns(t.cmd(&py, false, &["-I", "-c", segv]));
+    assert_eq!(o.status.signal(), Some(libc::SIGSEGV), "{o:?}");
+    let o = in_pidns(t.cmd(&sh, false, &["-c", "kill -TERM $$; sleep 5"]));
+    assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{o:?}");
+}

@@ -19,7 +19,8 @@
 //! Cli::try_parse_from(--profile P --cwd none --net … --sigma off --pass-env SIGMA… -- CMD)
 //!   └─ run(): jailed target execs /proc/self/fd/N (its own /proc) or
 //!             `python3 /sigma/bin/NAME ARGS`; binfs is never shown in the jail
-//!   ◀ the program's exit status, or death by its signal; status 0 without Exited → 125
+//!   ◀ the program's exit status, or death by its signal (death.rs: as procd's pid-namespace
+//!     init, a fault's signal by the fault itself); status 0 without Exited → 125
 //! ```
 //!
 //! What a proc is, by its binfs name (`NAME-vVERSION`, the version dropped):
@@ -33,10 +34,11 @@
 //! binary runs under `nodialproxy_profile` (`sigmaos-nodialproxy`: `sigmaos` plus the sockets
 //! σOS's own trampoline allows such a proc). A Python proc keeps `profile` either way: its only
 //! way to σOS is the relay.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod config;
 pub mod contract;
+pub mod death;
 pub mod dialproxy;
 pub mod procfs;
 pub mod program;
@@ -313,6 +315,10 @@ impl Plan {
     /// whose σOS connection is the relay) is an error, else procd would record nothing and its
     /// waiter wait forever.
     pub fn finish(&self, end: jail::init::Ended) -> Result<jail::init::Ended, Failure> {
+        if let jail::init::Ended::Killed(sig) = end {
+            // As procd's init, a raised signal would be ignored: a fault's is reproduced.
+            death::as_init_by_fault(sig);
+        }
         let Some(seen) = &self.seen else {
             return Ok(end);
         };
