@@ -33,10 +33,14 @@
 //! none of them. Then one file per step: `plan.rs` prepares the [`Plan`], [`view`] chooses what
 //! the root shows, [`world`] builds the root (in init), [`shed`] drops privilege (in the
 //! target), [`init`] is pid 1's loop (reap, forward signals, end the proc when its program
-//! ends), [`limits`] the optional cgroup. Nothing here decides syscalls; that is the
+//! ends), [`limits`] the optional cgroup. For a supervisor started as pid 1 of a pid namespace
+//! another made (σOS's trampoline): [`procfs`] mounts that namespace's own `/proc`, [`death`]
+//! ends such an init by a fault's signal. Nothing here decides syscalls; that is the
 //! supervisor's filter.
 #![deny(unsafe_code)]
 
+/// How pid 1 of a pid namespace ends by a fault's signal.
+pub mod death;
 /// What of the supervisor's environment a proc gets (its credentials are withheld).
 pub mod env;
 mod error;
@@ -46,6 +50,8 @@ mod idmap;
 pub mod init;
 pub mod limits;
 mod plan;
+/// Mounting a pid namespace's own /proc.
+pub mod procfs;
 pub mod shed;
 /// Where a directory of the jail comes from (for the supervisor's read-only hints).
 pub mod shown;

@@ -5,12 +5,14 @@
 pub mod api;
 mod client;
 pub mod consts;
+pub mod dialproxy;
 pub mod dirent;
 pub mod error;
 mod fdenv;
 pub mod frame;
 pub mod procenv;
 pub mod proto;
+pub mod relay;
 pub mod rpc;
 pub mod server;
 pub mod store;

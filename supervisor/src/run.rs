@@ -4,10 +4,11 @@
 //! ([`crate::supervisor::supervise`]) until the proc ends, and what the run ends with.
 #![forbid(unsafe_code)]
 
+use crate::cli::{Cli, Pin};
 use crate::failure::Failure;
 use crate::{
     compiled, container, handlers, readonly, serve, sigma_api, spawn, stats, supervisor, sys,
-    trampoline, Cli, Pin,
+    trampoline,
 };
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -26,13 +27,11 @@ fn trace_hint(f: Failure, cli: &Cli) -> Failure {
     f
 }
 
-/// One run of PROGRAM under the supervisor, as `cli` asks: how it ended.
-pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
+/// One run of PROGRAM under the supervisor, as `cli` asks (and, in trampoline mode, its
+/// `plan`): how it ended.
+pub fn run(cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::Ended, Failure> {
     // Trampoline mode: the proc's binary, read from binfs into a memfd.
-    let memfd = cli
-        .trampoline
-        .as_ref()
-        .and_then(trampoline::Plan::exec_path);
+    let memfd = plan.as_ref().and_then(trampoline::Plan::exec_path);
     let program = match memfd {
         Some(memfd) => memfd,
         None => spawn::find_program(&cli.command[0]).map_err(|f| trace_hint(f, &cli))?,
@@ -112,7 +111,7 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
         cli.sigma.scratch_dir.as_deref(),
     );
     let mut jail = cli.jail.spec(&program, &cli.command, &hidden, cli.grace)?;
-    if let (Some(t), Some(spec)) = (&cli.trampoline, jail.as_mut()) {
+    if let (Some(t), Some(spec)) = (&plan, jail.as_mut()) {
         t.shape(spec);
     }
     jail::mark("spec");
@@ -144,7 +143,7 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
         prepared.bind_read_only(&dir, std::path::Path::new(sigma_api::SPPROXYD_DIR))?;
     }
     prepared.keep_inherited(&cli.pass_fd);
-    if let Some(t) = &mut cli.trampoline {
+    if let Some(t) = &mut plan {
         t.hand_over(&mut prepared)?;
     }
     if let Some(r) = &realm {
@@ -179,11 +178,7 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
     // The program loads while the realm server and the notification thread start.
     child.release();
     let mut on_demand = api.on_demand();
-    on_demand.extend(
-        cli.trampoline
-            .as_mut()
-            .and_then(trampoline::Plan::on_demand),
-    );
+    on_demand.extend(plan.as_mut().and_then(trampoline::Plan::on_demand));
     let status = supervisor::supervise(
         child,
         policy,
@@ -198,7 +193,7 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
         execve_allowed,
         sigma_api::evict,
     )?;
-    if status.code() != 0 && cli.trampoline.is_none() {
+    if status.code() != 0 && plan.is_none() {
         if let (Some(shown), Ok(cwd)) = (&shown, std::env::current_dir()) {
             for p in jail::view::unshown_named(&cli.command, &cwd, shown, 3) {
                 eprintln!(
@@ -210,7 +205,7 @@ pub fn run(mut cli: Cli) -> Result<jail::init::Ended, Failure> {
         }
     }
     let end = api.finish(status, cli.stats, cli.sigma.require_started)?;
-    match &cli.trampoline {
+    match &plan {
         Some(t) => t.finish(end),
         None => Ok(end),
     }

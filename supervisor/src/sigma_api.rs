@@ -97,37 +97,6 @@ pub struct EmbeddedConfig {
     pub limits: ServerLimits,
 }
 
-/// A byte count: digits with an optional K, M, G or T suffix (powers of 1024).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, shift) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let shift = match c.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                _ => return Err(format!("unknown size suffix {c:?} (use K, M, G or T)")),
-            };
-            (&s[..i], shift)
-        }
-        _ => (s, 0),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("expected a byte count like 512M, got {s:?}"))?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{s:?} is too large"))
-}
-
-fn parse_frame(s: &str) -> Result<u32, String> {
-    let n = parse_bytes(s)?;
-    match u32::try_from(n) {
-        Ok(n) if n >= 64 << 10 => Ok(n),
-        _ => Err("the frame limit must be between 64K and 4G-1 (σOS's u32 frame length)".into()),
-    }
-}
-
 /// `<cache-root>/realms/<realm>/ux`.
 fn scratch_in(cache_root: &Path, realm: &str) -> PathBuf {
     cache_root.join("realms").join(realm).join("ux")
@@ -181,12 +150,12 @@ pub struct SigmaOpts {
     /// holds included (counted by the first call that writes or removes there), and the
     /// largest object a proc may write (K/M/G/T suffixes); a write beyond it fails with σOS's
     /// "no space left on device" error.
-    #[arg(long, value_name = "BYTES", default_value = "1G", value_parser = parse_bytes)]
+    #[arg(long, value_name = "BYTES", default_value = "1G", value_parser = spproxy::server::parse_bytes)]
     pub scratch_quota: u64,
 
     /// Embedded server: largest frame a request may carry and a reply return (K/M/G
     /// suffixes); a larger announced frame closes the connection before it is read.
-    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_frame)]
+    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = spproxy::server::parse_frame)]
     pub max_frame: u32,
 }
 
@@ -510,19 +479,6 @@ impl AsFd for Listening {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn byte_counts_parse() {
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
-        assert_eq!(parse_bytes("64m"), Ok(64 << 20));
-        assert!(parse_bytes("1X").is_err());
-        assert!(parse_bytes("").is_err());
-        assert!(parse_bytes("99999999999T").is_err());
-        assert_eq!(parse_frame("64M"), Ok(64 << 20));
-        assert!(parse_frame("4G").is_err());
-        assert!(parse_frame("1K").is_err());
-    }
 
     #[test]
     fn sigma_mode_parses() {

@@ -42,6 +42,38 @@ impl Default for ServerLimits {
     }
 }
 
+/// A byte count: digits with an optional K, M, G or T suffix (powers of 1024).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, shift) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("unknown size suffix {c:?} (use K, M, G or T)")),
+            };
+            (&s[..i], shift)
+        }
+        _ => (s, 0),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("expected a byte count like 512M, got {s:?}"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// A frame limit ([`ServerLimits::max_frame`]): a byte count from 64K to σOS's u32 frame length.
+pub fn parse_frame(s: &str) -> Result<u32, String> {
+    let n = parse_bytes(s)?;
+    match u32::try_from(n) {
+        Ok(n) if n >= 64 << 10 => Ok(n),
+        _ => Err("the frame limit must be between 64K and 4G-1 (σOS's u32 frame length)".into()),
+    }
+}
+
 /// What the server needs to know about its realm.
 #[derive(Clone)]
 pub struct ServerConfig {
@@ -80,5 +112,23 @@ impl ServerConfig {
     pub fn with_limits(mut self, limits: ServerLimits) -> ServerConfig {
         self.limits = limits;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_parse() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        assert_eq!(parse_bytes("64m"), Ok(64 << 20));
+        assert!(parse_bytes("1X").is_err());
+        assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
+        assert_eq!(parse_frame("64M"), Ok(64 << 20));
+        assert!(parse_frame("4G").is_err());
+        assert!(parse_frame("1K").is_err());
     }
 }

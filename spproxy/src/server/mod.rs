@@ -61,7 +61,7 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 pub use crate::store::{LocalDirStore, ObjectMeta, ObjectStore, StoreError};
-pub use config::{ServerConfig, ServerLimits};
+pub use config::{parse_bytes, parse_frame, ServerConfig, ServerLimits};
 pub use error::ServerError;
 pub use procstate::{exited_line, ProcState};
 pub use quota::Quota;

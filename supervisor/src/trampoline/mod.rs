@@ -10,16 +10,16 @@
 //!   ├─ config.rs     trampoline.toml beside the binary, or /etc/sigma-supervise/
 //!   ├─ program.rs    PROG read by this pid, main thread: binary → sealed memfd,
 //!   │                script → /sigma/bin/NAME in the jail, python3 → the interpreter
-//!   ├─ procfs.rs     /proc is procd's pid namespace's: this one's mounted in a mount
+//!   ├─ jail::procfs  /proc is procd's pid namespace's: this one's mounted in a mount
 //!   │                namespace of the trampoline's own
-//!   ├─ dialproxy.rs  `true`: [i32 LE len+4][SIGMAPRINCIPAL] → SIGMA_DIALPROXY_FD
-//!   ├─ relay.rs      SIGMA_SPPROXY_FD: a pair to the supervisor, spproxyd dialled and a
-//!   │                relay thread started on the proc's first request (sees Exited)
+//!   ├─ spproxy::dialproxy  `true`: [i32 LE len+4][SIGMAPRINCIPAL] → SIGMA_DIALPROXY_FD
+//!   ├─ spproxy::relay      SIGMA_SPPROXY_FD: a pair to the supervisor, spproxyd dialled and
+//!   │                a relay thread started on the proc's first request (sees Exited)
 //!   ▼
 //! Cli::try_parse_from(--profile P --cwd none --net … --sigma off --pass-env SIGMA… -- CMD)
 //!   └─ run(): jailed target execs /proc/self/fd/N (its own /proc) or
 //!             `python3 /sigma/bin/NAME ARGS`; binfs is never shown in the jail
-//!   ◀ the program's exit status, or death by its signal (death.rs: as procd's pid-namespace
+//!   ◀ the program's exit status, or death by its signal (jail::death: as procd's pid-namespace
 //!     init, a fault's signal by the fault itself); status 0 without Exited → 125
 //! ```
 //!
@@ -38,17 +38,16 @@
 
 pub mod config;
 pub mod contract;
-pub mod death;
-pub mod dialproxy;
-pub mod procfs;
 pub mod program;
-pub mod relay;
 
-use crate::{Cli, Failure};
+use crate::cli::Cli;
+use crate::failure::Failure;
+use crate::on_demand::OnDemand;
 use anyhow::{anyhow, Context as _};
 use clap::Parser as _;
 use config::Config;
 use program::Program;
+use spproxy::{dialproxy, relay};
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::os::unix::fs::FileTypeExt as _;
@@ -63,9 +62,9 @@ pub const SUBCOMMAND: &str = "trampoline";
 /// Exit status of a proc that ended with status 0 but never called Exited.
 pub const NOT_EXITED_EXIT: u8 = 125;
 
-/// The command line of trampoline mode, when this process runs in it: `None` for an ordinary
-/// run; an error (one line) for a malformed contract, configuration or program.
-pub fn cli() -> Option<anyhow::Result<Cli>> {
+/// The command line of trampoline mode and its plan, when this process runs in it: `None` for
+/// an ordinary run; an error (one line) for a malformed contract, configuration or program.
+pub fn cli() -> Option<anyhow::Result<(Cli, Plan)>> {
     let argv: Vec<OsString> = std::env::args_os().collect();
     let named = argv
         .first()
@@ -113,12 +112,12 @@ impl std::fmt::Debug for Plan {
     }
 }
 
-fn build(args: &[OsString]) -> anyhow::Result<Cli> {
+fn build(args: &[OsString]) -> anyhow::Result<(Cli, Plan)> {
     let contract = contract::parse(args, |k| std::env::var_os(k))?;
     let config = Config::load()?;
     let program = program::load(&contract.prog, &contract.name)?;
     // After binfs is read (by this pid, in procd's mount namespace), before anything forks.
-    procfs::ensure_own()?;
+    jail::procfs::ensure_own().map_err(|e| anyhow!("{e}"))?;
     let python = program.is_python();
     let script_at = Path::new(program::SCRIPT_DIR).join(&contract.name);
     let mut command: Vec<OsString> = Vec::new();
@@ -228,7 +227,7 @@ fn build(args: &[OsString]) -> anyhow::Result<Cli> {
     }
     argv.push("--".into());
     argv.extend(command);
-    let mut cli = Cli::try_parse_from(&argv).map_err(|e| {
+    let cli = Cli::try_parse_from(&argv).map_err(|e| {
         let msg = e.to_string();
         anyhow!(
             "{}",
@@ -242,7 +241,7 @@ fn build(args: &[OsString]) -> anyhow::Result<Cli> {
     if let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
         std::env::set_var("SIGMA_EXEC_TIME", now.as_micros().to_string());
     }
-    cli.trampoline = Some(Plan {
+    let plan = Plan {
         pid: contract.pid,
         exec,
         files,
@@ -257,8 +256,16 @@ fn build(args: &[OsString]) -> anyhow::Result<Cli> {
         seen,
         python,
         spproxyd: (contract.use_spproxy && !python && present).then(|| config.spproxyd_socket()),
-    });
-    Ok(cli)
+    };
+    Ok((cli, plan))
+}
+
+/// The relay is work the supervisor's loop starts on the proc's first request.
+impl OnDemand for relay::Unstarted {
+    fn readable(self: Box<Self>) -> Option<Box<dyn OnDemand>> {
+        self.start_if_asked()
+            .map(|r| Box::new(r) as Box<dyn OnDemand>)
+    }
 }
 
 impl Plan {
@@ -305,10 +312,8 @@ impl Plan {
     }
 
     /// The relay, started by the supervisor's loop on the proc's first request.
-    pub fn on_demand(&mut self) -> Option<Box<dyn crate::supervisor::OnDemand>> {
-        self.relay
-            .take()
-            .map(|r| Box::new(r) as Box<dyn crate::supervisor::OnDemand>)
+    pub fn on_demand(&mut self) -> Option<Box<dyn OnDemand>> {
+        self.relay.take().map(|r| Box::new(r) as Box<dyn OnDemand>)
     }
 
     /// How the run ends for procd: a status 0 without an Exited that σOS accepted (for a proc
@@ -317,7 +322,7 @@ impl Plan {
     pub fn finish(&self, end: jail::init::Ended) -> Result<jail::init::Ended, Failure> {
         if let jail::init::Ended::Killed(sig) = end {
             // As procd's init, a raised signal would be ignored: a fault's is reproduced.
-            death::as_init_by_fault(sig);
+            jail::death::as_init_by_fault(sig);
         }
         let Some(seen) = &self.seen else {
             return Ok(end);

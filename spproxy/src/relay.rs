@@ -8,14 +8,14 @@
 //! ```
 //!
 //! Nothing is started for a proc that never calls σOS: the relay end is watched by the
-//! supervisor's loop ([`Unstarted`]), and spproxyd is dialled and the relay thread started on
-//! the first request. The thread moves bytes as they come, in one `poll` loop over both
+//! supervisor's loop ([`Unstarted`], an fd to poll), and spproxyd is dialled and the relay
+//! thread started on the first request ([`Unstarted::start_if_asked`]). The thread moves bytes as they come, in one `poll` loop over both
 //! sockets (no hand-off to another thread per call), and only looks at messages: their
 //! headers and the first frame of each request, and the reply to an Exited.
 #![forbid(unsafe_code)]
 
+use crate::frame::Message;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use spproxy::frame::Message;
 use std::cell::RefCell;
 use std::io::{ErrorKind, Read as _, Write as _};
 use std::net::Shutdown;
@@ -58,8 +58,11 @@ impl AsFd for Unstarted {
     }
 }
 
-impl crate::supervisor::OnDemand for Unstarted {
-    fn readable(self: Box<Self>) -> Option<Box<dyn crate::supervisor::OnDemand>> {
+impl Unstarted {
+    /// Called when the relay end is readable: dials spproxyd and starts the relay thread on
+    /// the proc's first request (`None`), or finds the proc gone (`None`) or nothing there yet
+    /// (`Some`: go on watching).
+    pub fn start_if_asked(self) -> Option<Unstarted> {
         let mut b = [0u8; 1];
         match nix::sys::socket::recv(
             self.ours.as_raw_fd(),
@@ -82,7 +85,7 @@ impl crate::supervisor::OnDemand for Unstarted {
                 return None;
             }
         };
-        let Unstarted { ours, seen, .. } = *self;
+        let Unstarted { ours, seen, .. } = self;
         let spawned = std::thread::Builder::new()
             .name("sigma-relay".into())
             .spawn(move || relay(ours, up, &seen));
@@ -193,12 +196,12 @@ fn relay(proc_side: UnixStream, spproxyd: UnixStream, seen: &Seen) {
         }
         let mut on_request = |m: Message| {
             seen.used.store(true, Ordering::Relaxed);
-            let Ok(req) = spproxy::rpc::Request::from_message(m) else {
+            let Ok(req) = crate::rpc::Request::from_message(m) else {
                 return;
             };
             let call = match req.method.as_str() {
-                spproxy::api::STARTED => Call::Started,
-                spproxy::api::EXITED => Call::Exited,
+                crate::api::STARTED => Call::Started,
+                crate::api::EXITED => Call::Exited,
                 _ => return,
             };
             awaited.borrow_mut().push((req.seqno, call));
@@ -218,7 +221,7 @@ fn relay(proc_side: UnixStream, spproxyd: UnixStream, seen: &Seen) {
                 return;
             };
             let (_, call) = awaited.swap_remove(i);
-            let ok = spproxy::rpc::decode_reply::<spproxy::proto::SigmaErrRep>(m.frames)
+            let ok = crate::rpc::decode_reply::<crate::proto::SigmaErrRep>(m.frames)
                 .is_ok_and(|r| r.err.is_none_or(|e| e.err_code == 0));
             if ok {
                 match call {
@@ -379,9 +382,9 @@ mod tests {
     /// Every split of a stream of three messages gives the same messages.
     #[test]
     fn the_scanner_follows_messages_split_anywhere() {
-        let mut stream = spproxy::frame::encode(7, &[b"method".as_slice(), b"body", b"blob"]);
-        stream.extend(spproxy::frame::encode(8, &[] as &[&[u8]]));
-        stream.extend(spproxy::frame::encode(9, &[b"".as_slice(), b"x"]));
+        let mut stream = crate::frame::encode(7, &[b"method".as_slice(), b"body", b"blob"]);
+        stream.extend(crate::frame::encode(8, &[] as &[&[u8]]));
+        stream.extend(crate::frame::encode(9, &[b"".as_slice(), b"x"]));
         for cut in 0..stream.len() {
             for cut2 in cut..stream.len() {
                 let mut s = Scanner::default();

@@ -1,9 +1,10 @@
-//! A proc's death by a signal, passed on to procd. The trampoline is the init of procd's pid
-//! namespace, and the kernel ignores a signal its init sends itself (or any signal without a
-//! handler, but SIGKILL and SIGSTOP from an ancestor namespace): raising the proc's signal
-//! would end the run with 128+N, recorded by procd as an exit status. A signal the kernel
-//! forces for a fault does end an init, so the faults among the signals (SIGSEGV, SIGILL,
-//! SIGTRAP, SIGFPE) are reproduced here by the fault itself; the others stay 128+N.
+//! A proc's death by a signal, passed on by a process that is the init of its pid namespace
+//! (σOS's trampoline is procd's): the kernel ignores a signal an init sends itself (or any
+//! signal without a handler, but SIGKILL and SIGSTOP from an ancestor namespace), so raising
+//! the proc's signal would end the run with 128+N, recorded by the parent as an exit status.
+//! A signal the kernel forces for a fault does end an init, so the faults among the signals
+//! (SIGSEGV, SIGILL, SIGTRAP, SIGFPE) are reproduced here by the fault itself; the others stay
+//! 128+N.
 #![allow(unsafe_code)]
 
 use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal};

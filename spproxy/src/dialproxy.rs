@@ -3,20 +3,41 @@
 //! proc as `SIGMA_DIALPROXY_FD` (its close-on-exec flag cleared).
 #![forbid(unsafe_code)]
 
-use anyhow::{anyhow, Context as _};
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use std::io::Write as _;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The variable naming the proc's dialproxy connection.
 pub const ENV_DIALPROXY_FD: &str = "SIGMA_DIALPROXY_FD";
 
+/// A failed handshake, as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum DialproxyError {
+    #[error("SIGMAPRINCIPAL is too long for a dialproxy frame")]
+    TooLong,
+    #[error(
+        "dialproxy: cannot connect to {}: {error} (is spproxyd running? `false` as the third \
+         argument runs the proc without dialproxy)",
+        socket.display()
+    )]
+    Connect {
+        socket: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("dialproxy: sending the principal to {}: {error}", socket.display())]
+    Send {
+        socket: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("dialproxy: clearing close-on-exec: {0}")]
+    Cloexec(nix::errno::Errno),
+}
+
 /// The frame that opens a dialproxy connection.
-pub fn frame(principal: &str) -> anyhow::Result<Vec<u8>> {
-    let len = i32::try_from(principal.len() + 4)
-        .map_err(|_| anyhow!("SIGMAPRINCIPAL is too long for a dialproxy frame"))?;
+pub fn frame(principal: &str) -> Result<Vec<u8>, DialproxyError> {
+    let len = i32::try_from(principal.len() + 4).map_err(|_| DialproxyError::TooLong)?;
     let mut f = Vec::with_capacity(principal.len() + 4);
     f.extend_from_slice(&len.to_le_bytes());
     f.extend_from_slice(principal.as_bytes());
@@ -24,20 +45,18 @@ pub fn frame(principal: &str) -> anyhow::Result<Vec<u8>> {
 }
 
 /// The proc's dialproxy connection, the handshake sent.
-pub fn connect(socket: &Path, principal: &str) -> anyhow::Result<OwnedFd> {
+pub fn connect(socket: &Path, principal: &str) -> Result<OwnedFd, DialproxyError> {
     let frame = frame(principal)?;
-    let mut s = UnixStream::connect(socket).map_err(|e| {
-        anyhow!(
-            "dialproxy: cannot connect to {}: {e} (is spproxyd running? `false` as the third \
-             argument runs the proc without dialproxy)",
-            socket.display()
-        )
+    let mut s = UnixStream::connect(socket).map_err(|error| DialproxyError::Connect {
+        socket: socket.to_path_buf(),
+        error,
     })?;
-    s.write_all(&frame)
-        .with_context(|| format!("dialproxy: sending the principal to {}", socket.display()))?;
+    s.write_all(&frame).map_err(|error| DialproxyError::Send {
+        socket: socket.to_path_buf(),
+        error,
+    })?;
     let fd = OwnedFd::from(s);
-    fcntl(&fd, FcntlArg::F_SETFD(FdFlag::empty()))
-        .map_err(|e| anyhow!("dialproxy: clearing close-on-exec: {e}"))?;
+    fcntl(&fd, FcntlArg::F_SETFD(FdFlag::empty())).map_err(DialproxyError::Cloexec)?;
     Ok(fd)
 }
 
