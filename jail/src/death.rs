@@ -27,15 +27,22 @@ pub fn as_init_by_fault(sig: u8) {
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
-    // No core of the supervisor for the program's fault.
+    take_default(s);
+    fault(s);
+}
+
+/// Makes signal `s` end this process as its default action would, without a core (the
+/// program's fault or ^\ is the program's, not ours): the default action restored and the
+/// signal unblocked in this thread. For a process that passes on a proc's death by `s`.
+pub fn take_default(s: Signal) {
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
     let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
-    // SAFETY: restoring the default action installs no handler.
+    // SAFETY: restoring the default action installs no handler; SIGKILL's is refused with
+    // EINVAL, and it needs none.
     let _ = unsafe { signal::sigaction(s, &dfl) };
     let mut set = SigSet::empty();
     set.add(s);
     let _ = signal::pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None);
-    fault(s);
 }
 
 #[cfg(target_arch = "x86_64")]

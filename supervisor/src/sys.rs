@@ -38,17 +38,9 @@ pub fn exit_now(code: i32) -> ! {
 /// signal unblocked in this thread, then raised. A signal whose default is not to end the
 /// process ends it with 128+`sig`, the status a shell would show for it.
 pub fn die_of(sig: i32) -> ! {
-    use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal};
+    use nix::sys::signal::{self, Signal};
     if let Ok(s) = Signal::try_from(sig) {
-        // No core of the supervisor for a program's SIGSEGV or SIGQUIT.
-        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
-        let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
-        // SAFETY: restoring the default action installs no handler; SIGKILL's is refused with
-        // EINVAL, and it needs none.
-        let _ = unsafe { signal::sigaction(s, &dfl) };
-        let mut set = SigSet::empty();
-        set.add(s);
-        let _ = signal::pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None);
+        jail::death::take_default(s);
         let _ = signal::raise(s);
     }
     exit_now(128i32.saturating_add(sig) & 0xff)
