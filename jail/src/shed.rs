@@ -113,8 +113,9 @@ fn writable(plan: &Plan) -> Vec<PathBuf> {
     w
 }
 
-/// Landlock: read and execute anywhere in the jail's root (which holds only its binds), write
-/// only where the jail is writable; signals and abstract unix sockets scoped to the proc.
+/// Landlock: read and execute anywhere in the jail's root (which holds only its binds) and the
+/// files handed over by descriptor ([`crate::JailSpec::fd_files`]), write only where the jail is
+/// writable; signals and abstract unix sockets scoped to the proc.
 fn landlock(plan: &Plan) -> Result<LandlockOutcome, landlock::RulesetError> {
     let abi = ABI::V6;
     let read = AccessFs::from_read(abi);
@@ -130,6 +131,12 @@ fn landlock(plan: &Plan) -> Result<LandlockOutcome, landlock::RulesetError> {
     for p in writable(plan) {
         if let Ok(fd) = PathFd::new(&p) {
             rs = rs.add_rule(PathBeneath::new(fd, all))?;
+        }
+    }
+    // A file handed over by descriptor: reached through the proc's own /proc (the jail's).
+    for n in &plan.spec.fd_files {
+        if let Ok(fd) = PathFd::new(format!("/proc/self/fd/{n}")) {
+            rs = rs.add_rule(PathBeneath::new(fd, AccessFs::Execute | AccessFs::ReadFile))?;
         }
     }
     let st = rs.restrict_self()?;

@@ -125,6 +125,11 @@ pub struct JailSpec {
     pub limits: Limits,
     /// Landlock as a second layer (degrades with a warning where the kernel lacks it).
     pub landlock: bool,
+    /// Files outside the jail's root that the proc may read and execute by descriptor: the
+    /// numbers of descriptors the target inherits (a program handed over as a descriptor,
+    /// as trampoline mode's cached binary). Landlock allows each of these files and nothing
+    /// beside it; what the descriptor's own mode and owner refuse stays refused.
+    pub fd_files: Vec<i32>,
     /// After the program exits: SIGTERM to what is left, then SIGKILL after this long.
     pub grace: Duration,
     /// `/dev/tty` in the jail's `/dev`: only for a proc with a terminal on its stdio. Else it
@@ -158,6 +163,7 @@ impl JailSpec {
                 ..Limits::default()
             },
             landlock: true,
+            fd_files: Vec::new(),
             grace: Duration::from_secs(2),
             dev_tty: false,
         }

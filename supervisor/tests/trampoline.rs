@@ -157,6 +157,56 @@ exit 7"#,
     assert!(out.ends_with("/\n"), "starts at /: {out}");
 }
 
+/// With `cache_dir`, a binary is copied out of binfs once and every later proc of it execs
+/// the cached file by descriptor (Landlock allows that file alone); the cache itself is never
+/// shown, and a proc cannot change its cached binary.
+#[test]
+fn a_cached_binary_is_copied_once_and_run_by_descriptor() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let cache = d.path().join("cache");
+    let t = Tramp::new(&format!("cache_dir = {:?}\n", cache.display().to_string()));
+    let sh = t.publish("sh", &std::fs::read("/bin/sh").unwrap());
+    let script = format!(
+        r#"readlink /proc/$$/exe
+test -e {cache} && echo cache-shown
+ls {cache}/programs 2>/dev/null && echo cache-listed
+echo x 2>/dev/null >> /proc/$$/exe && echo exe-written
+exit 3"#,
+        cache = cache.display(),
+    );
+    let entries = || -> Vec<PathBuf> {
+        std::fs::read_dir(cache.join("programs"))
+            .map(|r| r.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let mut exes = Vec::new();
+    for round in 0..2 {
+        let o = run(&mut t.cmd(&sh, false, &["-c", &script]));
+        assert_eq!(o.status.code(), Some(3), "round {round}");
+        let out = stdout(&o);
+        assert!(!out.contains("shown") && !out.contains("listed"), "{out}");
+        assert!(!out.contains("exe-written"), "{out}");
+        exes.push(out.lines().next().unwrap_or_default().to_owned());
+        let e = entries();
+        assert_eq!(e.len(), 1, "one entry, made by the first proc: {e:?}");
+        assert_eq!(
+            std::fs::read(&e[0]).unwrap(),
+            std::fs::read("/bin/sh").unwrap(),
+            "the cached copy is the program, unchanged"
+        );
+        assert_eq!(
+            exes[round],
+            e[0].display().to_string(),
+            "run from the cache"
+        );
+    }
+    // A program changed in binfs (σOS never does this to a version; a test may) is copied anew.
+    std::fs::write(&sh, std::fs::read("/bin/dash").unwrap()).unwrap();
+    let o = run(&mut t.cmd(&sh, false, &["-c", "exit 4"]));
+    assert_eq!(o.status.code(), Some(4));
+    assert_eq!(entries().len(), 2);
+}
+
 #[test]
 fn death_by_a_signal_propagates() {
     let t = Tramp::new("");

@@ -33,6 +33,10 @@ pub struct Config {
     /// Exited (and fails a run that ends with status 0 but no Exited). `false` hands the proc
     /// spproxyd's socket itself.
     pub relay: bool,
+    /// The trampoline's own cache (root's, mode 0700): procs' binaries, copied from binfs once
+    /// per realm, name and binfs attributes and executed from there (see `bincache`). None: each
+    /// proc's binary is copied into memory before its jail starts.
+    pub cache_dir: Option<PathBuf>,
     /// The realm's library bucket, for Python procs.
     pub realm: Option<Realm>,
 }
@@ -57,6 +61,7 @@ impl Default for Config {
             nodialproxy_profile: "sigmaos-nodialproxy".into(),
             spproxyd_dir: PathBuf::from("/tmp/spproxyd"),
             relay: true,
+            cache_dir: None,
             realm: None,
         }
     }
@@ -114,6 +119,9 @@ impl Config {
         if !self.spproxyd_dir.is_absolute() {
             return Err("spproxyd_dir must be an absolute path".into());
         }
+        if self.cache_dir.as_deref().is_some_and(|d| !d.is_absolute()) {
+            return Err("cache_dir must be an absolute path".into());
+        }
         if let Some(r) = &self.realm {
             if !(r.bucket.starts_with("file:///") || r.bucket.starts_with("s3://")) {
                 return Err(format!(
@@ -169,6 +177,7 @@ profile = "sigmaos-strict"
 nodialproxy_profile = "/etc/p.toml"
 spproxyd_dir = "/run/spp"
 relay = false
+cache_dir = "/var/cache/sigma-supervise"
 [realm]
 bucket = "s3://libs"
 cache_dir = "/var/cache/sigma"
@@ -179,6 +188,10 @@ name = "r1"
         assert_eq!(c.interpreter, "/opt/venv/bin/python");
         assert_eq!(c.nodialproxy_profile, "/etc/p.toml");
         assert!(!c.relay);
+        assert_eq!(
+            c.cache_dir.as_deref(),
+            Some(Path::new("/var/cache/sigma-supervise"))
+        );
         assert_eq!(c.spproxyd_socket(), Path::new("/run/spp/spproxyd.sock"));
         let r = c.realm.unwrap();
         assert_eq!(
@@ -194,6 +207,7 @@ name = "r1"
             ("relay = 3", "invalid type"),
             ("interpreter = ", "line 1"),
             ("spproxyd_dir = \"rel\"", "absolute"),
+            ("cache_dir = \"c\"", "absolute"),
             (
                 "[realm]\nbucket = \"http://x\"\ncache_dir = \"/c\"",
                 "file:///DIR",

@@ -36,6 +36,7 @@
 //! way to σOS is the relay.
 #![deny(unsafe_code)]
 
+pub mod bincache;
 pub mod config;
 pub mod contract;
 pub mod program;
@@ -85,10 +86,14 @@ pub struct Plan {
     pid: String,
     /// The binary, executed by the target as `/proc/self/fd/N`.
     exec: Option<OwnedFd>,
+    /// It is a file of the program cache, which Landlock must allow by its descriptor (a
+    /// memfd needs no rule).
+    exec_cached: bool,
     /// A script shown in the jail.
     files: Vec<jail::GeneratedFile>,
-    /// binfs (PROG's directory): never shown in the jail.
+    /// binfs (PROG's directory) and the program cache: never shown in the jail.
     binfs: PathBuf,
+    cache_dir: Option<PathBuf>,
     dialproxy: Option<OwnedFd>,
     /// The proc's end of its σOS connection and the relay behind it.
     spproxy: Option<OwnedFd>,
@@ -115,19 +120,23 @@ impl std::fmt::Debug for Plan {
 fn build(args: &[OsString]) -> anyhow::Result<(Cli, Plan)> {
     let contract = contract::parse(args, |k| std::env::var_os(k))?;
     let config = Config::load()?;
-    let program = program::load(&contract.prog, &contract.name)?;
+    let cache = config.cache_dir.as_deref().map(|dir| program::CacheAt {
+        dir,
+        realm: &contract.realm,
+    });
+    let program = program::load(&contract.prog, &contract.name, cache)?;
     // After binfs is read (by this pid, in procd's mount namespace), before anything forks.
     jail::procfs::ensure_own().map_err(|e| anyhow!("{e}"))?;
     let python = program.is_python();
     let script_at = Path::new(program::SCRIPT_DIR).join(&contract.name);
     let mut command: Vec<OsString> = Vec::new();
     let mut files = Vec::new();
-    let mut exec = None;
+    let (mut exec, mut exec_cached) = (None, false);
     match program {
-        Program::Binary(fd) => {
+        Program::Binary { fd, cached } => {
             // argv[0] as upstream gives it: PROG.
             command.push(contract.prog.clone().into_os_string());
-            exec = Some(fd);
+            (exec, exec_cached) = (Some(fd), cached);
         }
         Program::Interpreter => command.push(config.interpreter.clone().into()),
         Program::Python { text } => {
@@ -244,12 +253,14 @@ fn build(args: &[OsString]) -> anyhow::Result<(Cli, Plan)> {
     let plan = Plan {
         pid: contract.pid,
         exec,
+        exec_cached,
         files,
         binfs: contract
             .prog
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_default(),
+        cache_dir: config.cache_dir.clone(),
         dialproxy,
         spproxy,
         relay,
@@ -278,20 +289,26 @@ impl Plan {
     }
 
     /// The jail, adjusted: the script shown, nothing of `/proc/self/fd` (the view would show
-    /// the program's "prefix") and nothing of binfs shown.
+    /// the program's "prefix") and nothing of binfs shown; a cached binary allowed by its
+    /// descriptor alone.
     pub fn shape(&self, spec: &mut jail::JailSpec) {
-        let binfs = &self.binfs;
+        // The view shows a program's prefix: a cached binary's would be the cache's.
+        let unseen: Vec<&Path> = [self.binfs.as_path(), Path::new("/mnt/binfs")]
+            .into_iter()
+            .chain(self.cache_dir.as_deref())
+            .collect();
         spec.binds.retain(|b| {
-            !b.src.starts_with("/proc")
-                && !b.src.starts_with(binfs)
-                && !b.src.starts_with("/mnt/binfs")
+            !b.src.starts_with("/proc") && !unseen.iter().any(|d| b.src.starts_with(d))
         });
-        for dir in [binfs.as_path(), Path::new("/mnt/binfs")] {
+        for dir in unseen {
             if spec.binds.iter().any(|b| dir.starts_with(&b.src)) {
                 spec.hides.push(dir.to_path_buf());
             }
         }
         spec.files.extend(self.files.iter().cloned());
+        if let (Some(fd), true) = (&self.exec, self.exec_cached) {
+            spec.fd_files.push(fd.as_raw_fd());
+        }
         if let Some(sock) = &self.spproxyd {
             // A socket's connect needs no write access to the mount; the proc sees it as its own.
             spec.binds.push(jail::Bind::ro(sock.clone()).idmapped());

@@ -1,6 +1,7 @@
 //! The proc's program, read from binfs by the trampoline's own pid (binfs serves a file only
-//! to the pid procd started; any other pid that opens it blocks forever): a binary is copied
-//! into a sealed memfd the jailed target execs through its own `/proc/self/fd/N`; a script's
+//! to the pid procd started; any other pid that opens it blocks forever): a binary is found in
+//! or copied into the trampoline's program cache ([`super::bincache`]), else copied into a
+//! sealed memfd, and the jailed target execs it through its own `/proc/self/fd/N`; a script's
 //! text is kept to be shown read-only at `/sigma/bin/NAME` in the jail. Nothing else ever
 //! opens binfs, and only this thread (FUSE names the calling thread, not the process): the
 //! trampoline reads it before any thread starts.
@@ -29,8 +30,9 @@ const MFD_EXEC: u32 = 0x10;
 /// What runs, decided by the program's name and first bytes.
 #[derive(Debug)]
 pub enum Program {
-    /// An executable, in a sealed memfd (close-on-exec: the exec itself is its last use).
-    Binary(OwnedFd),
+    /// An executable, in a sealed memfd, or `cached` in the trampoline's program cache
+    /// ([`super::bincache`]); read-only and close-on-exec either way (the exec is its last use).
+    Binary { fd: OwnedFd, cached: bool },
     /// A Python script (`*.py`, or a `#!` line naming python): the configured interpreter
     /// runs it from [`SCRIPT_DIR`].
     Python { text: Vec<u8> },
@@ -62,8 +64,14 @@ pub fn is_python_name(name: &str) -> bool {
     })
 }
 
+/// Where a binary may be cached: the trampoline's `cache_dir` and the proc's realm.
+pub struct CacheAt<'a> {
+    pub dir: &'a Path,
+    pub realm: &'a str,
+}
+
 /// Reads `prog` (named `name`, without its version).
-pub fn load(prog: &Path, name: &str) -> anyhow::Result<Program> {
+pub fn load(prog: &Path, name: &str, cache: Option<CacheAt<'_>>) -> anyhow::Result<Program> {
     if is_python_name(name) {
         return Ok(Program::Interpreter);
     }
@@ -123,9 +131,22 @@ pub fn load(prog: &Path, name: &str) -> anyhow::Result<Program> {
             prog.display()
         );
     }
-    Ok(Program::Binary(sealed_copy(&file, name).with_context(
-        || format!("copying {} into memory", prog.display()),
-    )?))
+    if let Some(c) = cache.filter(|c| super::bincache::usable(c.dir)) {
+        let entry = super::bincache::Entry::of(c.dir, c.realm, prog, &file)?;
+        match entry.open().map_or_else(|| entry.fill(&file), Ok) {
+            Ok(f) => {
+                return Ok(Program::Binary {
+                    fd: f.into(),
+                    cached: true,
+                })
+            }
+            // The proc still runs, from memory.
+            Err(e) => tracing::warn!("{e:#}"),
+        }
+    }
+    let fd = sealed_copy(&file, name)
+        .with_context(|| format!("copying {} into memory", prog.display()))?;
+    Ok(Program::Binary { fd, cached: false })
 }
 
 fn read_at_full(f: &File, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -248,7 +269,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("tool-v1.0");
         std::fs::write(&p, b"\x7fELF and some bytes").unwrap();
-        let Program::Binary(fd) = load(&p, "tool").unwrap() else {
+        let Program::Binary { fd, cached: false } = load(&p, "tool", None).unwrap() else {
             panic!("not a binary");
         };
         let seals = fcntl(&fd, FcntlArg::F_GET_SEALS).unwrap();
@@ -270,14 +291,14 @@ mod tests {
             p
         };
         assert!(matches!(
-            load(&w("a-v1", b"print(1)"), "a.py").unwrap(),
+            load(&w("a-v1", b"print(1)"), "a.py", None).unwrap(),
             Program::Python { .. }
         ));
         assert!(matches!(
-            load(&w("b-v1", b"#!/usr/bin/env python3\n"), "b").unwrap(),
+            load(&w("b-v1", b"#!/usr/bin/env python3\n"), "b", None).unwrap(),
             Program::Python { .. }
         ));
-        match load(&w("c-v1", b"#!/bin/sh -e\necho\n"), "c").unwrap() {
+        match load(&w("c-v1", b"#!/bin/sh -e\necho\n"), "c", None).unwrap() {
             Program::Script {
                 interpreter,
                 arg,
@@ -289,19 +310,19 @@ mod tests {
             }
             p => panic!("{p:?}"),
         }
-        assert!(load(&w("e-v1", b"#!sh\n"), "e")
+        assert!(load(&w("e-v1", b"#!sh\n"), "e", None)
             .unwrap_err()
             .to_string()
             .contains("absolute"));
         // The interpreter itself: binfs is not even opened.
         assert!(matches!(
-            load(Path::new("/nonexistent/python3-v3"), "python3").unwrap(),
+            load(Path::new("/nonexistent/python3-v3"), "python3", None).unwrap(),
             Program::Interpreter
         ));
-        assert!(load(d.path(), "dir")
+        assert!(load(d.path(), "dir", None)
             .unwrap_err()
             .to_string()
             .contains("not a regular file"));
-        assert!(load(&d.path().join("none"), "none").is_err());
+        assert!(load(&d.path().join("none"), "none", None).is_err());
     }
 }
