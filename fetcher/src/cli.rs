@@ -33,6 +33,10 @@ pub struct PublishArgs {
     /// imports each package in its jail and puts the files the import reads first).
     #[arg(long)]
     pub no_trace: bool,
+    /// Write the old archive layout (one tar in zstd frames) that builds before the frame
+    /// index read; by default each file is a zstd frame of its own behind an index.
+    #[arg(long)]
+    pub tar_layout: bool,
     /// Wheels (files or directories of them), package directories and modules (NAME.py).
     pub paths: Vec<PathBuf>,
 }
@@ -70,6 +74,7 @@ impl PublishArgs {
             }),
             compile_required: self.python.is_some(),
             trace: None,
+            tar_layout: self.tar_layout,
         }
     }
 }

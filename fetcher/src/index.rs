@@ -35,6 +35,10 @@ pub enum Encoding {
     /// A plain POSIX tar stream.
     #[serde(rename = "tar")]
     Tar,
+    /// Every file its own zstd frame, behind a frame index (`crate::frame_index`): what an
+    /// import needs is found, fetched and decoded alone.
+    #[serde(rename = "zstd-frames")]
+    Frames,
 }
 
 /// The object holding a whole package.

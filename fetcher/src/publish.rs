@@ -110,6 +110,9 @@ pub struct PublishOptions {
     /// With `compile_with`: a failure to run the interpreter fails the publish (true) or
     /// publishes sources only and says so in the report (false: the default `python3`).
     pub compile_required: bool,
+    /// Write the old layout (one tar in 4 MiB zstd frames), which builds before the frame
+    /// index can read; by default every file is a frame of its own behind an index.
+    pub tar_layout: bool,
 }
 
 /// One published distribution.
@@ -545,7 +548,8 @@ pub(crate) fn build_package(
 }
 
 /// [`build_package`] with the files named in `first` (an import trace) first, in that order,
-/// then the rest in path order. Compressed as independent zstd frames of [`FRAME_BYTES`] of
+/// then the rest in path order. [`Encoding::Frames`]: a frame per file behind the frame index
+/// ([`crate::frame_index`]). Tar: compressed as independent zstd frames of [`FRAME_BYTES`] of
 /// tar, counted from the start and again from the end of the traced files (so they end a
 /// frame): together one zstd stream, and each frame declares its decoded size.
 pub(crate) fn build_package_ordered(
@@ -569,6 +573,31 @@ pub(crate) fn build_package_ordered(
             .map(String::as_str)
             .filter(|p| !taken.contains(p)),
     );
+    if encoding == Encoding::Frames {
+        let order: Vec<&str> = order.collect();
+        let shas: Vec<[u8; 32]> = order
+            .iter()
+            .map(|p| Sha256::digest(&dist.files[*p]).into())
+            .collect();
+        let files = order
+            .iter()
+            .zip(&shas)
+            .map(|(p, sha)| (*p, dist.files[*p].as_slice(), *sha));
+        let bytes = crate::frame_index::build(files, ZSTD_LEVEL)
+            .map_err(|e| FetchError::invalid(format!("compress {}", dist.name), e))?;
+        let files = order.iter().zip(&shas).map(|(p, sha)| FileEntry {
+            path: (*p).to_owned(),
+            sha256: hex::encode(sha),
+            size: dist.files[*p].len() as u64,
+        });
+        return Ok(package(
+            dist,
+            (encoding, bytes),
+            files.collect(),
+            bytecode,
+            traced,
+        ));
+    }
     // Where the traced files end in the tar stream.
     let mut traced_end = 0usize;
     for (i, path) in order.enumerate() {
@@ -589,8 +618,6 @@ pub(crate) fn build_package_ordered(
             traced_end = tar.get_ref().len();
         }
     }
-    // The index lists files in path order, whatever the archive's order.
-    files.sort_by(|a, b| a.path.cmp(&b.path));
     let raw = tar
         .into_inner()
         .map_err(|e| FetchError::invalid(format!("archive {}", dist.name), e))?;
@@ -599,9 +626,27 @@ pub(crate) fn build_package_ordered(
         .chain((traced_end > 0).then_some(traced_end))
         .chain((traced_end + FRAME_BYTES..raw.len()).step_by(FRAME_BYTES))
         .collect();
-    let (bytes, ext) = match encoding {
-        Encoding::TarZstd => (compress_frames(&raw, &cuts, &dist.name)?, "tar.zst"),
-        Encoding::Tar => (raw, "tar"),
+    let bytes = match encoding {
+        Encoding::TarZstd | Encoding::Frames => compress_frames(&raw, &cuts, &dist.name)?,
+        Encoding::Tar => raw,
+    };
+    Ok(package(dist, (encoding, bytes), files, bytecode, traced))
+}
+
+/// The index entry of `dist` archived as `bytes`, and the bytes.
+fn package(
+    dist: &Distribution,
+    (encoding, bytes): (Encoding, Vec<u8>),
+    mut files: Vec<FileEntry>,
+    bytecode: Option<String>,
+    traced: usize,
+) -> (Package, Bytes) {
+    // The index lists files in path order, whatever the archive's order.
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    let ext = match encoding {
+        Encoding::TarZstd => "tar.zst",
+        Encoding::Tar => "tar",
+        Encoding::Frames => "zsf",
     };
     let sha = hex::encode(Sha256::digest(&bytes));
     let pkg = Package {
@@ -625,7 +670,7 @@ pub(crate) fn build_package_ordered(
         traced: (traced > 0).then_some(traced as u64),
         reads: Vec::new(),
     };
-    Ok((pkg, Bytes::from(bytes)))
+    (pkg, Bytes::from(bytes))
 }
 
 /// `raw` compressed as one zstd frame per piece between `cuts` (and after the last cut).
@@ -701,7 +746,11 @@ pub async fn publish_with(
         let mut built = Vec::new();
         for (d, tag) in dists {
             let first = traces.first.get(&d.name).map_or(&[][..], Vec::as_slice);
-            let (mut pkg, bytes) = build_package_ordered(&d, Encoding::TarZstd, tag, first)?;
+            let encoding = match opts2.tar_layout {
+                true => Encoding::TarZstd,
+                false => Encoding::Frames,
+            };
+            let (mut pkg, bytes) = build_package_ordered(&d, encoding, tag, first)?;
             pkg.reads = traces.reads.get(&d.name).cloned().unwrap_or_default();
             built.push((pkg, bytes));
         }

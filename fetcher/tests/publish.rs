@@ -238,6 +238,7 @@ async fn cli_publishes_requirements_wheels_and_dirs_to_a_file_bucket() {
         python: None,
         no_compile: false,
         no_trace: false,
+        tar_layout: false,
         paths: vec![pkg.clone()],
     };
     let reports = run_publish(&args, &FetchConfig::default()).await.unwrap();
@@ -280,6 +281,7 @@ async fn cli_publishes_requirements_wheels_and_dirs_to_a_file_bucket() {
         python: None,
         no_compile: true,
         no_trace: false,
+        tar_layout: false,
         paths: vec![pkg],
     };
     let r = run_publish(&args, &FetchConfig::default()).await.unwrap();
@@ -298,6 +300,7 @@ async fn cli_publishes_requirements_wheels_and_dirs_to_a_file_bucket() {
         python: None,
         no_compile: false,
         no_trace: false,
+        tar_layout: false,
         paths: vec![],
     };
     let e = run_publish(&none, &FetchConfig::default())
@@ -315,9 +318,25 @@ fn python_cache_tag() -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
-/// The tar entries of a published archive, in archive order, and the number of zstd frames.
+/// The files of a published archive, in archive order, and the number of zstd frames (the
+/// frame index's skippable frame not counted).
 fn archive_layout(data: &[u8]) -> (Vec<String>, usize) {
+    use sigma_fetcher::frame_index as fi;
     let mut frames = 0;
+    if data[..4] == fi::MAGIC.to_le_bytes() {
+        let prefix: [u8; fi::PREFIX] = data[..fi::PREFIX].try_into().unwrap();
+        let n = fi::payload_len(&prefix, u64::MAX).unwrap();
+        let rest = &data[fi::PREFIX + n..];
+        let count = u32::from_le_bytes(data[16..20].try_into().unwrap()) as usize;
+        let entries = fi::decode(&data[fi::PREFIX..fi::PREFIX + n], count, rest.len() as u64)
+            .expect("a valid frame index");
+        for e in &entries {
+            let frame = &rest[e.offset as usize..(e.offset + e.compressed) as usize];
+            fi::check_frame(frame, e.size).expect("one frame per file");
+            frames += 1;
+        }
+        return (entries.into_iter().map(|e| e.path).collect(), frames);
+    }
     let mut rest = data;
     while !rest.is_empty() {
         let n = zstd::zstd_safe::find_frame_compressed_size(rest).expect("a whole zstd frame");
@@ -335,7 +354,18 @@ fn archive_layout(data: &[u8]) -> (Vec<String>, usize) {
 }
 
 #[tokio::test]
+async fn the_import_trace_puts_what_an_import_reads_first_each_file_a_frame_of_its_own() {
+    traced_first(false).await;
+}
+
+/// The old layout (one tar in frames), as packages published before the frame index are:
+/// the traced files end a frame of their own, and it still installs.
+#[tokio::test]
 async fn the_import_trace_puts_what_an_import_reads_first_in_a_frame_of_its_own() {
+    traced_first(true).await;
+}
+
+async fn traced_first(tar_layout: bool) {
     use sigma_fetcher::publish::publish_with;
     use sigma_fetcher::store::memory::MemoryStore;
     let tmp = tempfile::tempdir().unwrap();
@@ -357,7 +387,10 @@ async fn the_import_trace_puts_what_an_import_reads_first_in_a_frame_of_its_own(
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new("t"));
     let cfg = FetchConfig::default();
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let opts = traced_directly(&runs);
+    let opts = sigma_fetcher::publish::PublishOptions {
+        tar_layout,
+        ..traced_directly(&runs)
+    };
     let r = publish_with(store.as_ref(), &PublishSource::PackageDir(d), &cfg, &opts)
         .await
         .unwrap();
@@ -389,7 +422,11 @@ async fn the_import_trace_puts_what_an_import_reads_first_in_a_frame_of_its_own(
     assert_eq!(rest, sorted, "the rest in path order");
     rest.retain(|n| n.contains("aaa_unused") || n.ends_with("blob.bin"));
     assert_eq!(rest.len(), 3, "{rest:?}");
-    assert_eq!(frames, 2, "the traced files end a frame of their own");
+    match tar_layout {
+        true => assert_eq!(frames, 2, "the traced files end a frame of their own"),
+        false => assert_eq!(frames, names.len(), "a frame per file"),
+    }
+    assert_eq!(key.ends_with(".tar.zst"), tar_layout, "{key}");
 
     // The index says how many files the trace put first.
     let index = sigma_fetcher::publish::read_index(store.as_ref(), &cfg)
@@ -466,6 +503,7 @@ async fn publishing_twice_makes_the_same_archive() {
         compile_with: Some("python3".into()),
         compile_required: true,
         trace: None,
+        tar_layout: false,
     };
     let mut keys = Vec::new();
     for _ in 0..2 {
@@ -565,5 +603,6 @@ fn traced_directly(
         compile_with: Some("python3".into()),
         compile_required: true,
         trace: Some(runner),
+        tar_layout: false,
     }
 }

@@ -111,11 +111,16 @@ pub(super) fn unpack_files(
             Box::new(zstd::Decoder::new(archive).map_err(undecodable(pkg))?),
             None,
         ),
-        Encoding::Tar => (Box::new(archive), None),
+        Encoding::Tar | Encoding::Frames => (Box::new(archive), None),
     };
+    let framed = pkg.archive.encoding == Encoding::Frames;
     let reader = Bounded {
         inner: decoded,
-        left: pkg.unpacked_size().saturating_add(framing),
+        // A frame per file is read raw; its frames are decoded by the workers.
+        left: match framed {
+            true => pkg.archive.size,
+            false => pkg.unpacked_size().saturating_add(framing),
+        },
     };
     let workers = install_threads();
     let queue = Queue::new(workers * 4, IN_FLIGHT);
@@ -151,7 +156,10 @@ pub(super) fn unpack_files(
             });
         }
         let _stop = StopOnPanic(&queue);
-        let parsed = parse_entries(pkg, reader, tree, (in_place, traced), &queue);
+        let parsed = match framed {
+            true => parse_framed(pkg, reader, tree, (in_place, traced), &queue),
+            false => parse_entries(pkg, reader, tree, (in_place, traced), &queue),
+        };
         if let Err(e) = &parsed {
             queue.fail(e.clone());
         }
@@ -373,6 +381,137 @@ fn parse_entries<'a>(
     Ok(seen)
 }
 
+/// [`parse_entries`] for an archive of a frame per file ([`Encoding::Frames`]): its frame
+/// index is read and checked whole, each entry against the bucket index's sha256 and size,
+/// before a byte of content; then each frame is read in archive order (the import trace's
+/// files first) and handed to a worker, which decodes it (so frames are decoded in parallel,
+/// by as many threads as write) or, for a large file, decoded here in pieces.
+fn parse_framed<'a>(
+    pkg: &'a Package,
+    mut reader: impl Read,
+    tree: &Path,
+    (in_place, traced): (bool, usize),
+    queue: &Queue<'a>,
+) -> Result<HashSet<&'a str>> {
+    use crate::frame_index as fi;
+    let refused = |e: fi::Refused| bad(pkg, "frame index", "a valid frame index".into(), e.0);
+    let undecodable = undecodable(pkg);
+    let mut prefix = [0u8; fi::PREFIX];
+    reader.read_exact(&mut prefix).map_err(&undecodable)?;
+    let max = fi::max_payload(pkg.files.len()).min(pkg.archive.size);
+    let n = fi::payload_len(&prefix, max).map_err(refused)?;
+    // At most `max`: bounded by the package's file count and the archive's size.
+    let mut payload = vec![0u8; n];
+    reader.read_exact(&mut payload).map_err(&undecodable)?;
+    let data_len = pkg.archive.size.saturating_sub((fi::PREFIX + n) as u64);
+    let entries = fi::decode(&payload, pkg.files.len(), data_len).map_err(refused)?;
+    drop(payload);
+    let expected: HashMap<&str, (&str, u64)> = pkg
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), (f.sha256.as_str(), f.size)))
+        .collect();
+    // Every entry is a listed file with the listed hash and size (and, as many as the
+    // package's and each once, all of them) before anything is written.
+    let mut listed = Vec::with_capacity(entries.len());
+    for e in &entries {
+        let Some((&key, &(sha, size))) = expected.get_key_value(e.path.as_str()) else {
+            return Err(bad(
+                pkg,
+                &e.path,
+                "no such file in the index".into(),
+                "present in archive".into(),
+            ));
+        };
+        let got = fi::hex(&e.sha256);
+        if got != sha || e.size != size {
+            return Err(bad(
+                pkg,
+                key,
+                format!("sha256 {sha} size {size}"),
+                format!("frame index sha256 {got} size {}", e.size),
+            ));
+        }
+        listed.push((key, sha, size, e.compressed));
+    }
+    let mut dirs: HashSet<PathBuf> = HashSet::new();
+    let mut seen = HashSet::new();
+    for (key, sha, size, compressed) in listed {
+        seen.insert(key);
+        let dst = tree.join(key);
+        if let Some(dir) = dst.parent() {
+            if !in_place && !dirs.contains(dir) {
+                std::fs::create_dir_all(dir).ctx("create dir", dir)?;
+                dirs.insert(dir.to_owned());
+            }
+        }
+        // At most zstd's bound for a size the index lists: checked by `decode`.
+        let read_frame = |reader: &mut dyn Read| -> Result<Vec<u8>> {
+            let mut frame = vec![0u8; compressed as usize];
+            reader.read_exact(&mut frame).map_err(&undecodable)?;
+            Ok(frame)
+        };
+        let traced = seen.len() <= traced;
+        if size > PIECE_ABOVE {
+            let budget = (PIECE * PIECES_QUEUED) as u64 + compressed;
+            queue.reserve(budget)?;
+            let frame = read_frame(&mut reader)?;
+            fi::check_frame(&frame, size).map_err(|e| bad(pkg, key, "its frame".into(), e.0))?;
+            let (tx, rx) = std::sync::mpsc::sync_channel(PIECES_QUEUED);
+            let (spare_tx, spare_rx) = std::sync::mpsc::sync_channel(PIECES_QUEUED + 1);
+            queue.push(Job {
+                path: key,
+                sha,
+                size,
+                dst,
+                traced,
+                reserved: budget,
+                body: Body::Pieces {
+                    rx,
+                    spare: spare_tx,
+                },
+            })?;
+            let too_long = || {
+                bad(
+                    pkg,
+                    key,
+                    format!("size {size}"),
+                    format!("more than {size} bytes"),
+                )
+            };
+            let mut decoder = zstd::stream::read::Decoder::with_buffer(&frame[..])
+                .map_err(&undecodable)?
+                .single_frame();
+            let sent = send_pieces(pkg, &mut decoder, size, &tx, &spare_rx, queue, too_long);
+            if let Err(e) = sent {
+                queue.fail(e.clone());
+                return Err(e);
+            }
+            continue;
+        }
+        queue.reserve(size + compressed)?;
+        let frame = read_frame(&mut reader)?;
+        queue.push(Job {
+            path: key,
+            sha,
+            size,
+            dst,
+            traced,
+            reserved: size + compressed,
+            body: Body::Frame(frame),
+        })?;
+    }
+    if reader.read(&mut [0u8]).map_err(&undecodable)? > 0 {
+        return Err(bad(
+            pkg,
+            "archive",
+            format!("{} bytes", pkg.archive.size),
+            "more".into(),
+        ));
+    }
+    Ok(seen)
+}
+
 /// Read into all of `buf` unless the input ends first; returns the bytes read.
 fn read_full(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
@@ -432,9 +571,11 @@ struct Job<'a> {
     body: Body,
 }
 
-/// A job's bytes: all of them, or pieces arriving from the parser.
+/// A job's bytes: all of them, the zstd frame that holds all of them, or pieces arriving
+/// from the parser.
 enum Body {
     Whole(Vec<u8>),
+    Frame(Vec<u8>),
     Pieces {
         /// A piece and how many of its bytes are the file's; ends when the parser drops it.
         rx: std::sync::mpsc::Receiver<(Vec<u8>, usize)>,
@@ -464,6 +605,13 @@ fn write_job(
     let n = match &job.body {
         Body::Whole(data) => {
             write(data)?;
+            data.len() as u64
+        }
+        Body::Frame(frame) => {
+            // Refused before a byte is written if it is not one frame of the listed size.
+            let data = crate::frame_index::decode_frame(frame, job.size)
+                .map_err(|e| bad(pkg, job.path, "its frame".into(), e.0))?;
+            write(&data)?;
             data.len() as u64
         }
         Body::Pieces { rx, spare } => {
@@ -648,6 +796,7 @@ mod tests {
             .await
             .unwrap();
         let mut pkg = idx.package("demo").unwrap().clone();
+        pkg.archive.encoding = Encoding::TarZstd;
         // 64 MiB of zeros compresses to a few KiB: a decompression bomb in one tar entry.
         let mut tar = tar::Builder::new(Vec::new());
         let mut h = tar::Header::new_gnu();
@@ -847,6 +996,117 @@ mod tests {
             assert_eq!(hex::encode(Sha256::digest(&got)), f.sha256);
         }
         FORCE_DECODERS.store(0, Ordering::Relaxed);
+    }
+
+    /// [`package_with_a_corrupt_file`] in the frame-per-file layout, with the bytes of the
+    /// file `bad` changed as `spoil` says (the frame index keeps the index's hash and size).
+    fn framed_package(n: usize, bad: usize, spoil: fn(&mut Vec<u8>)) -> (Package, Vec<u8>) {
+        let (mut pkg, _) = package_with_a_corrupt_file(n, usize::MAX);
+        let contents: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 1000 + 37 * i]).collect();
+        let mut entries = Vec::new();
+        let mut frames = Vec::new();
+        for (i, (f, c)) in pkg.files.iter().zip(&contents).enumerate() {
+            let mut frame = zstd::bulk::compress(c, 3).unwrap();
+            if i == bad {
+                spoil(&mut frame);
+            }
+            entries.push(crate::frame_index::FrameEntry {
+                path: f.path.clone(),
+                offset: frames.len() as u64,
+                compressed: frame.len() as u64,
+                size: f.size,
+                sha256: hex::decode(&f.sha256).unwrap().try_into().unwrap(),
+            });
+            frames.extend(frame);
+        }
+        let mut data = crate::frame_index::encode(&entries);
+        data.extend(frames);
+        pkg.archive.encoding = Encoding::Frames;
+        pkg.archive.size = data.len() as u64;
+        (pkg, data)
+    }
+
+    #[test]
+    fn a_corrupt_frame_is_refused_before_it_is_announced_and_nothing_reaches_the_cas() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("c");
+        std::fs::create_dir_all(root.join("cas")).unwrap();
+        type Spoil = fn(&mut Vec<u8>);
+        let spoils: [(Spoil, &str); 3] = [
+            // Other bytes that still decode: the hash refuses them.
+            (
+                |f| *f = zstd::bulk::compress(&[9u8; 1740], 3).unwrap(),
+                "sha256",
+            ),
+            // A frame that declares more than the index lists (a bomb).
+            (
+                |f| *f = zstd::bulk::compress(&vec![0u8; 1 << 20], 3).unwrap(),
+                "declares",
+            ),
+            // A flipped byte in the frame's last block.
+            (
+                |f| {
+                    let at = f.len() - 2;
+                    f[at] ^= 0x5a
+                },
+                "demo/f20.bin",
+            ),
+        ];
+        for (i, (spoil, why)) in spoils.into_iter().enumerate() {
+            let (pkg, data) = framed_package(40, 20, spoil);
+            let hooked: Arc<Mutex<Vec<String>>> = Arc::default();
+            let h2 = hooked.clone();
+            let hook = move |sha: &str, _: &Path| lock(&h2).push(sha.to_owned());
+            let tree = tmp.path().join(format!("t{i}"));
+            let err = unpack_tree(&pkg, &data[..], &root, &tree, Some(&hook)).unwrap_err();
+            assert!(
+                matches!(&err, FetchError::IntegrityMismatch { file, .. } if file.starts_with("demo/f20.bin ") || file.starts_with("frame index")),
+                "{err}"
+            );
+            assert!(err.to_string().contains(why), "{why}: {err}");
+            assert_eq!(std::fs::read_dir(root.join("cas")).unwrap().count(), 0);
+            assert!(!lock(&hooked).contains(&pkg.files[20].sha256));
+        }
+        // Intact: installs, every file verified and stored.
+        let (pkg, data) = framed_package(40, usize::MAX, |_| ());
+        unpack_tree(&pkg, &data[..], &root, &tmp.path().join("ok"), None).unwrap();
+        assert_eq!(std::fs::read_dir(root.join("cas")).unwrap().count(), 40);
+        for f in &pkg.files {
+            let got = std::fs::read(tmp.path().join("ok").join(&f.path)).unwrap();
+            assert_eq!(hex::encode(Sha256::digest(&got)), f.sha256);
+        }
+    }
+
+    #[test]
+    fn a_frame_index_that_disagrees_with_the_bucket_index_is_refused_before_any_byte() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("c");
+        std::fs::create_dir_all(root.join("cas")).unwrap();
+        let (pkg, data) = framed_package(4, usize::MAX, |_| ());
+        // The bucket index lists another hash, another size, or the archive is cut short.
+        let mut other = pkg.clone();
+        other.files[1].sha256 = "0".repeat(64);
+        let mut larger = pkg.clone();
+        larger.files[2].size += 1;
+        let mut cut = pkg.clone();
+        cut.archive.size -= 1;
+        for (p, want) in [
+            (other, "frame index sha256"),
+            (larger, "frame index sha256"),
+            (cut, "past the archive's end"),
+        ] {
+            let tree = tmp.path().join("t");
+            let _ = std::fs::remove_dir_all(&tree);
+            let err = unpack_tree(&p, &data[..], &root, &tree, None).unwrap_err();
+            assert!(err.to_string().contains(want), "{want}: {err}");
+            let written = std::fs::read_dir(&tree).unwrap().count();
+            assert_eq!(written, 0, "nothing written: {err}");
+        }
+        // An archive body longer than the index says.
+        let mut longer = data.clone();
+        longer.push(0);
+        let err = unpack_tree(&pkg, &longer[..], &root, &tmp.path().join("l"), None).unwrap_err();
+        assert!(err.to_string().contains("more"), "{err}");
     }
 
     #[test]
