@@ -1,8 +1,9 @@
 //! The command line: [`Cli`] (a run's options, flattened from the modules that use them),
-//! [`Sub`] (the `publish` subcommand) and [`Pin`]. Values only: `main` parses, `run` reads.
+//! [`Sub`] (the `publish` subcommand; completions' hidden ones) and [`Pin`]. Values only: `main`
+//! parses, `run` reads.
 #![forbid(unsafe_code)]
 
-use crate::{container, sigma_api};
+use crate::{completions, container, sigma_api};
 use clap::{Parser, ValueEnum};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -121,6 +122,8 @@ pub enum Sub {
     /// Publish wheels, a requirements file or package directories to a library bucket
     /// (archives first, index last).
     Publish(fetcher::cli::PublishArgs),
+    /// Shell completions and the man page (hidden).
+    Generate(completions::Generate),
 }
 
 const PUBLISH: &str = "publish";
@@ -132,6 +135,7 @@ const PUBLISH_ABOUT: &str = "Publish wheels, a requirements file or package dire
 /// does not build them.
 impl clap::Subcommand for Sub {
     fn augment_subcommands(cmd: clap::Command) -> clap::Command {
+        let cmd = <completions::Generate as clap::Subcommand>::augment_subcommands(cmd);
         cmd.subcommand(
             clap::Command::new(PUBLISH)
                 .about(PUBLISH_ABOUT)
@@ -149,7 +153,7 @@ impl clap::Subcommand for Sub {
     }
 
     fn has_subcommand(name: &str) -> bool {
-        name == PUBLISH
+        name == PUBLISH || <completions::Generate as clap::Subcommand>::has_subcommand(name)
     }
 }
 
@@ -159,6 +163,13 @@ impl clap::FromArgMatches for Sub {
     }
 
     fn from_arg_matches_mut(matches: &mut clap::ArgMatches) -> Result<Self, clap::Error> {
+        use clap::Subcommand as _;
+        if matches
+            .subcommand_name()
+            .is_some_and(completions::Generate::has_subcommand)
+        {
+            return completions::Generate::from_arg_matches_mut(matches).map(Sub::Generate);
+        }
         match matches.remove_subcommand() {
             Some((name, mut sub)) if name == PUBLISH => Ok(Sub::Publish(
                 <fetcher::cli::PublishArgs as clap::FromArgMatches>::from_arg_matches_mut(
@@ -299,7 +310,7 @@ mod tests {
                 assert_eq!(a.bucket, "file:///tmp/b");
                 assert_eq!(a.requirements, [PathBuf::from("req.txt")]);
             }
-            None => panic!("publish not parsed as a subcommand"),
+            other => panic!("publish not parsed as a subcommand: {other:?}"),
         }
         let cli = Cli::try_parse_from([
             "sigma-supervise",

@@ -25,12 +25,14 @@
 //! Leaves every layer may use and none imports back from: `reply.rs`, `failure.rs`,
 //! `calls.rs` (what the policy is told of the handlers), `on_demand.rs`, `stats.rs`, `sys.rs`.
 //! Beside the call path: `readonly.rs` (the read-only hints), `publish.rs` (the subcommand),
+//! `completions.rs` (shell completions and the man page, from the same `Cli`),
 //! `trampoline/` (σOS's uproc-trampoline contract).
 #![deny(unsafe_code)]
 
 mod calls;
 mod cli;
 mod compiled;
+mod completions;
 mod container;
 mod failure;
 mod handlers;
@@ -96,8 +98,12 @@ fn main() -> ExitCode {
     jail::mark("clap");
     init_logging(cli.verbose);
     jail::mark("parsed");
-    if let Some(Sub::Publish(args)) = &cli.sub {
-        return publish::main(args);
+    match &cli.sub {
+        Some(Sub::Publish(args)) => return publish::main(args),
+        Some(Sub::Generate(what)) => {
+            return completions::main(what, <Cli as clap::CommandFactory>::command())
+        }
+        None => {}
     }
     let end = match run::run(cli, plan) {
         Ok(end) => {
