@@ -239,7 +239,23 @@ pub fn check_frame(frame: &[u8], size: u64) -> Result<(), Refused> {
 pub fn decode_frame(frame: &[u8], size: u64) -> Result<Vec<u8>, Refused> {
     check_frame(frame, size)?;
     let cap = usize::try_from(size).map_err(|_| refused("a file too large for memory"))?;
-    let out = zstd::bulk::decompress(frame, cap)
+    thread_local! {
+        // One decoding context per thread, for every frame it decodes (a new one per file
+        // would allocate and free ~100 KiB for each of numpy's 1,500 files).
+        static DECODER: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let out = DECODER
+        .with(|d| {
+            let mut d = d.borrow_mut();
+            if d.is_none() {
+                *d = Some(zstd::bulk::Decompressor::new()?);
+            }
+            match d.as_mut() {
+                Some(d) => d.decompress(frame, cap),
+                None => Err(std::io::Error::other("no zstd decoder")),
+            }
+        })
         .map_err(|e| refused(format!("a frame that does not decode to {size} bytes: {e}")))?;
     if out.len() as u64 != size {
         return Err(refused(format!(
