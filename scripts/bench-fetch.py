@@ -198,9 +198,13 @@ def main() -> None:
     ap.add_argument("--baseline-env", action="append", default=[], metavar="NAME=VALUE",
                     help="environment for the baseline's sides only (--baseline may then be "
                          "this build, to compare a setting)")
-    ap.add_argument("--work-fs", choices=["here", "ext4"], default="here",
-                    help="where every side's files go: a temporary dir (here), or a fresh "
-                         "16 GB ext4 image with a journal, loop-mounted for this run (root)")
+    ap.add_argument("--work-fs", choices=["here", "ext4", "tmpfs"], default="here",
+                    help="where every side's files go: a temporary dir (here), a fresh "
+                         "16 GB ext4 image with a journal, loop-mounted for this run (root), "
+                         "or a tmpfs mounted for this run (root)")
+    ap.add_argument("--baseline-publish", action="append", default=[], metavar="ARG",
+                    help="an argument of the baseline's publish only (with --baseline this "
+                         "build: --baseline-publish=--tar-layout compares the archive layouts)")
     ap.add_argument("--baseline", default=None, metavar="SUPERVISOR",
                     help="another sigma-supervise build: adds its cold, new-realm, warm and "
                          "partial --lazy runs")
@@ -238,6 +242,12 @@ def main() -> None:
         subprocess.run(["truncate", "-s", "16G", str(image)], check=True)
         subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
         subprocess.run(["mount", "-o", "loop", str(image), str(work)], check=True)
+    elif args.work_fs == "tmpfs":
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16G", "bench-fetch", str(work)],
+                       check=True)
+    print(f"bench-fetch: work dir {work}: " + subprocess.run(
+        ["findmnt", "-no", "FSTYPE,OPTIONS", "-T", str(work)], capture_output=True,
+        text=True).stdout.strip(), file=sys.stderr)
     port = free_port()
     env = dict(os.environ, MINIO_ROOT_USER=USER, MINIO_ROOT_PASSWORD=PASS)
     minio = subprocess.Popen([args.minio, "server", "--quiet", "--address", f"127.0.0.1:{port}",
@@ -274,11 +284,13 @@ def main() -> None:
         for binary, suffix in [(sup, ""), *([(args.baseline, "-base")] if args.baseline else [])]:
             if suffix:
                 make_bucket(f"libs{suffix}")
-            run([binary, "publish", "--bucket", f"s3://libs{suffix}", wheel, *needed], env=aws)
+            how = args.baseline_publish if suffix else []
+            run([binary, "publish", *how, "--bucket", f"s3://libs{suffix}", wheel, *needed],
+                env=aws)
             if extra:
                 make_bucket(f"libs2{suffix}")
-                run([binary, "publish", "--bucket", f"s3://libs2{suffix}", *wheels, *needed],
-                    env=aws)
+                run([binary, "publish", *how, "--bucket", f"s3://libs2{suffix}", *wheels,
+                     *needed], env=aws)
         code = ("import numpy; numpy.arange(3).sum()" if module == "numpy"
                 else f"import {module}")
         uv_env = dict(aws, UV_NO_PROGRESS="1", UV_PYTHON_DOWNLOADS="never")
@@ -472,8 +484,9 @@ def main() -> None:
                 mnt = line.split(" ")[4]
                 if mnt.startswith(str(work) + "/"):
                     subprocess.run(["umount", mnt], check=False)
-        if image:
+        if image or args.work_fs == "tmpfs":
             subprocess.run(["umount", str(work)], check=False)
+        if image:
             shutil.rmtree(image.parent, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 
