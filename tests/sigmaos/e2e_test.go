@@ -181,7 +181,7 @@ func checkConfined(t *testing.T, ts *test.Tstate, pid sp.Tpid) {
 	}
 	for _, k := range []string{
 		"aws-credentials", "binfs", "binfs-sleeper", "jails", "kernel-bin", "kernel-procd",
-		"user-bin", "staging", "etcd-data", "spproxyd-dir", "ptrace-attach-parent",
+		"user-bin", "staging", "etcd-data", "spproxyd-dir", "trampoline-cache", "ptrace-attach-parent",
 		"mount-tmpfs", "unshare-user", "chroot", "tcp-etcd", "fds",
 	} {
 		v, ok := got[k]

@@ -51,6 +51,8 @@ listdir("user-bin", f"{H}/bin/user")
 listdir("staging", H)
 read("etcd-data", "/tmp/etcd/member/snap/db")
 listdir("spproxyd-dir", "/tmp/spproxyd")
+# The trampoline's program cache (the sleeper's binary is there by now).
+listdir("trampoline-cache", f"{H}/trampoline-cache/programs")
 
 # Descriptors: only stdin, stdout, stderr and the σOS connection (procd's leak, e.g. its
 # /dev/fuse, must not reach the proc).
