@@ -164,6 +164,41 @@ fn a_single_module_is_published_and_imported_from_the_realm() {
     assert_eq!(stdout(&o), format!("7 {PREFIX}/onefile_mod.py\n"));
 }
 
+/// A package published before the frame index (one tar in zstd frames: `--tar-layout`)
+/// installs beside one published with a frame per file, and both import.
+#[test]
+fn an_old_layout_package_installs_beside_a_frame_per_file_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let old = common::make_pkg(&src, "demo_old", 20_000);
+    let new = common::make_pkg(&src, "demo_new", 20_000);
+    let bucket_dir = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket_dir).unwrap();
+    let bucket = format!("file://{}", bucket_dir.display());
+    publish(&bucket, &[], &[Path::new("--tar-layout"), &old]);
+    publish(&bucket, &[], &[&new]);
+    let keys = listdir(&bucket_dir.join("sigma-lib/pkgs"));
+    let layout = |name: &str, ext: &str| keys.iter().any(|k| k.contains(name) && k.ends_with(ext));
+    assert!(layout("demo-old-", ".tar.zst"), "{keys:?}");
+    assert!(layout("demo-new-", ".zsf"), "{keys:?}");
+    let cache = tmp.path().join("cache");
+    let r = Realm {
+        name: "r",
+        bucket: &bucket,
+        cache: &cache,
+        env: vec![],
+    };
+    let code = "import demo_old.sub.mod as a, demo_new.sub.mod as b, demo_old, demo_new\n\
+                print(demo_old.NAME, demo_new.NAME, a.f() + b.f(), \
+                len(open('/sigma/lib/demo_old/blob.bin', 'rb').read()))";
+    let o = r.py(code);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "demo_old demo_new 84 20000\n");
+    // Again from what the first run stored.
+    let o = r.py(code);
+    assert_eq!(stdout(&o), "demo_old demo_new 84 20000\n", "{}", stderr(&o));
+}
+
 #[test]
 fn file_bucket_listing_import_cache_hit_and_hidden_cache() {
     let tmp = tempfile::tempdir().unwrap();
