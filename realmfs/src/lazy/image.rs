@@ -89,6 +89,18 @@ impl LazyImage {
         key: &str,
         index: impl FnOnce() -> Result<Index, LazyError>,
     ) -> Result<LazyImage, LazyError> {
+        Self::prepare_confined(realm_dir, key, index, || Ok(()))
+    }
+
+    /// [`prepare_keyed`](Self::prepare_keyed), calling `confine` once the image is mounted
+    /// (`mkfs.ext4`, `mount` and `umount` are behind it) and before a placeholder is made from
+    /// the index, which came from the bucket.
+    pub fn prepare_confined(
+        realm_dir: &Path,
+        key: &str,
+        index: impl FnOnce() -> Result<Index, LazyError>,
+        confine: impl FnOnce() -> Result<(), LazyError>,
+    ) -> Result<LazyImage, LazyError> {
         // Held (shared) while this run may show the image: no run of the realm once complete
         // retires it meanwhile ([`retire`]). Kept beside, not in, the dir a retire removes.
         let users = lock_file(&realm_dir.join("lazy-users"), FlockArg::LockShared)?;
@@ -135,6 +147,7 @@ impl LazyImage {
                     .arg(&mnt),
             )?;
         }
+        confine()?;
         let packages_path = base.join(format!("{key}.packages"));
         let (files, packages) = if let Some(index) = &index {
             // mkfs's lost+found would be listed at the prefix (nothing here runs fsck).

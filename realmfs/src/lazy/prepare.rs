@@ -58,7 +58,7 @@ pub(super) const PREP_AFTER: std::time::Duration = std::time::Duration::from_sec
 /// at most [`PREP_AFTER`]), so its work (`mkfs.ext4`, the loop mount, a placeholder per file)
 /// does not take a CPU from the run's program, then, in `SCHED_IDLE` where allowed, make the
 /// image named on the command line (`CACHE_ROOT REALM_DIR KEY BUCKET`) from the realm's index
-/// snapshot; where that fails, remember why in the realm's `lazy-unavailable` (as a run would).
+/// snapshot, confined once the image is mounted ([`crate::confine`]); where that fails, remember why in the realm's `lazy-unavailable` (as a run would).
 /// Exit status 0 when the image is ready.
 pub fn prepare_main() -> ! {
     use std::os::fd::AsFd as _;
@@ -73,12 +73,25 @@ pub fn prepare_main() -> ! {
     while let Err(nix::errno::Errno::EINTR) = nix::poll::poll(&mut fds, timeout) {}
     let _ = crate::sys::idle_process();
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let [_root, realm_dir, key, bucket] = args.as_slice() else {
+    let [root, realm_dir, key, bucket] = args.as_slice() else {
         std::process::exit(2)
     };
     let (realm_dir, key) = (Path::new(realm_dir), key.to_string_lossy().into_owned());
     let bucket = bucket.to_string_lossy().into_owned();
-    match LazyImage::prepare_keyed(realm_dir, &key, || snapshot_index(realm_dir, &bucket)) {
+    // Once the image is mounted, what is left is the index's work (a placeholder per file it
+    // lists): done as a fill process unpacks, writing only under the cache root, running
+    // nothing, mounting nothing.
+    let confine = || {
+        crate::confine::confine(&[Path::new(root)], &[])
+            .map(drop)
+            .map_err(|e| LazyError::Io {
+                op: "confine",
+                path: Path::new(root).to_owned(),
+                source: std::io::Error::other(format!("{e:#}")),
+            })
+    };
+    let index = || snapshot_index(realm_dir, &bucket);
+    match LazyImage::prepare_confined(realm_dir, &key, index, confine) {
         Ok(_) => std::process::exit(0),
         Err(e) => {
             remember_unavailable(realm_dir, &e);
