@@ -7,6 +7,7 @@ SIGMA_SUPERVISE names the supervisor binary (run.sh builds it and exports it).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -371,3 +372,16 @@ def test_hostile_proc_cannot_take_the_supervisor_down(host: Host) -> None:
     assert r.returncode == 7, r.stderr
     assert r.stdout.splitlines() == ["refused SigmaError", "refused SigmaError", "alive", "closed"]
     assert (host.scratch / "h").stat().st_size == 0
+
+
+def test_the_sigmaos_api_program_passes_against_the_embedded_server(host: Host) -> None:
+    """tests/sigmaos/procs/api.py, which scripts/sigmaos-e2e runs against σOS's own spproxyd
+    (every check there must pass), against the embedded server: the two answer alike."""
+    script = Path(__file__).resolve().parents[2] / "tests" / "sigmaos" / "procs" / "api.py"
+    p = host.run(str(script), "api-out")
+    assert p.returncode == 0, p.stderr
+    report = json.loads((host.scratch / "api-out").read_text())
+    assert len(report) >= 10, report
+    assert {k: v for k, v in report.items() if v != "ok"} == {}
+    # What the program made it removed again: only its report is left.
+    assert sorted(x.name for x in host.scratch.iterdir()) == ["api-out"]

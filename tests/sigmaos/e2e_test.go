@@ -40,8 +40,9 @@ var (
 type want int
 
 const (
-	wantOK    want = iota // Started, then Exited with status OK
-	wantError             // status ERROR (a non-zero exit or a signal without Exited)
+	wantOK      want = iota // Started, then Exited with status OK
+	wantError               // status ERROR (a non-zero exit or a signal without Exited)
+	wantEvicted             // status EVICTED (after the client's Evict)
 )
 
 // spawnCase is one proof: a program σOS runs through the installed uproc-trampoline.
@@ -61,6 +62,9 @@ type spawnCase struct {
 	// so procd tells spproxyd of it before it starts (spproxyd serves no Init of an unknown
 	// proc), and UseSPProxyProcClnt, so spproxyd makes the proc client Started and Exited use.
 	spproxy bool
+	// evict: once the proc has started, the client evicts it (σOS's Evict, through msched and
+	// procd to the proc's WaitEvict).
+	evict bool
 	// check, if set, runs after a passing exit (e.g. reads what the proc wrote to named).
 	check func(t *testing.T, ts *test.Tstate, pid sp.Tpid)
 	// upstreamGap, if set, says what the upstream trampoline leaves undone here: under
@@ -117,6 +121,16 @@ var cases = []spawnCase{
 		name: "python-realm-lib", spproxy: true, prog: "e2e-realm.py", started: true, want: wantOK,
 		ours: true, args: func(pid sp.Tpid) []string { return []string{outName(pid), "σOS"} },
 		check: checkRealm,
+	},
+	// pysigma's calls against σOS's own spproxyd: the same program pysigma's tests run
+	// against the embedded server (pysigma/tests/test_supervised.py); both must pass every check.
+	{
+		name: "python-api", spproxy: true, prog: "e2e-api.py", args: outArg, started: true, want: wantOK,
+		ours: true, check: checkAllOK,
+	},
+	{
+		name: "python-wait-evict", spproxy: true, prog: "e2e-evict.py", args: noArgs, started: true,
+		want: wantEvicted, ours: true, evict: true,
 	},
 	{
 		name: "confinement", spproxy: true, prog: "e2e-confine.py", args: outArg, started: true, want: wantOK,
@@ -203,6 +217,29 @@ func checkConfined(t *testing.T, ts *test.Tstate, pid sp.Tpid) {
 
 func noArgs(sp.Tpid) []string { return nil }
 
+// checkAllOK: every check the proc reported (JSON, name → "ok" or "FAILED: why") passed.
+func checkAllOK(t *testing.T, ts *test.Tstate, pid sp.Tpid) {
+	var got map[string]string
+	b := readOut(t, ts, pid)
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatalf("%v: %v (%q)", outPath(pid), err, b)
+	}
+	if len(got) == 0 {
+		t.Fatalf("%v: no check reported", outPath(pid))
+	}
+	names := make([]string, 0, len(got))
+	for k := range got {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		if got[k] != "ok" {
+			t.Errorf("%v: %v", k, got[k])
+		}
+		fmt.Printf("E2E api %v: %v\n", k, got[k])
+	}
+}
+
 // checkSleeperOut: σOS's sleeper writes "hello" to name/<pid>_out through the σOS API.
 func checkSleeperOut(t *testing.T, ts *test.Tstate, pid sp.Tpid) {
 	pn := "name/" + pid.String() + "_out"
@@ -258,6 +295,11 @@ func runCase(t *testing.T, ts *test.Tstate, c spawnCase) time.Duration {
 			t.Fatalf("WaitStart %v: %v", pid, err)
 		}
 	}
+	if c.evict {
+		if err := ts.Evict(pid); err != nil {
+			t.Fatalf("Evict %v: %v", pid, err)
+		}
+	}
 	if c.upstreamGap != "" && *upstream {
 		_, err := within(*gapWait, "WaitExit "+pid.String(), func() (*proc.Status, error) {
 			return ts.WaitExit(pid)
@@ -279,6 +321,10 @@ func runCase(t *testing.T, ts *test.Tstate, c spawnCase) time.Duration {
 	case wantOK:
 		if status == nil || !status.IsStatusOK() {
 			t.Fatalf("%v: status %v, want OK", pid, status)
+		}
+	case wantEvicted:
+		if status == nil || !status.IsStatusEvicted() {
+			t.Fatalf("%v: status %v, want EVICTED", pid, status)
 		}
 	case wantError:
 		if status == nil || !status.IsStatusErr() {
