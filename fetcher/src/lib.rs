@@ -21,6 +21,7 @@ pub mod frames;
 pub mod index;
 #[cfg(feature = "spproxy")]
 pub mod objects;
+pub mod programs;
 mod progress;
 pub mod publish;
 mod retry;

@@ -34,7 +34,7 @@ pub struct Config {
     /// spproxyd's socket itself.
     pub relay: bool,
     /// The trampoline's own cache (root's, mode 0700): procs' binaries, copied from binfs once
-    /// per realm, name and binfs attributes and executed from there (see `bincache`). None: each
+    /// per realm, name and binfs attributes and executed from there (`fetcher::programs`). None: each
     /// proc's binary is copied into memory before its jail starts.
     pub cache_dir: Option<PathBuf>,
     /// The realm's library bucket, for Python procs.

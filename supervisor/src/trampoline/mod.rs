@@ -36,7 +36,6 @@
 //! way to σOS is the relay.
 #![deny(unsafe_code)]
 
-pub mod bincache;
 pub mod config;
 pub mod contract;
 pub mod program;

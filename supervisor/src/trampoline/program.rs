@@ -1,6 +1,6 @@
 //! The proc's program, read from binfs by the trampoline's own pid (binfs serves a file only
 //! to the pid procd started; any other pid that opens it blocks forever): a binary is found in
-//! or copied into the trampoline's program cache ([`super::bincache`]), else copied into a
+//! or copied into the trampoline's program cache ([`fetcher::programs`]), else copied into a
 //! sealed memfd, and the jailed target execs it through its own `/proc/self/fd/N`; a script's
 //! text is kept to be shown read-only at `/sigma/bin/NAME` in the jail. Nothing else ever
 //! opens binfs, and only this thread (FUSE names the calling thread, not the process): the
@@ -31,7 +31,7 @@ const MFD_EXEC: u32 = 0x10;
 #[derive(Debug)]
 pub enum Program {
     /// An executable, in a sealed memfd, or `cached` in the trampoline's program cache
-    /// ([`super::bincache`]); read-only and close-on-exec either way (the exec is its last use).
+    /// ([`fetcher::programs`]); read-only and close-on-exec either way (the exec is its last use).
     Binary { fd: OwnedFd, cached: bool },
     /// A Python script (`*.py`, or a `#!` line naming python): the configured interpreter
     /// runs it from [`SCRIPT_DIR`].
@@ -131,8 +131,8 @@ pub fn load(prog: &Path, name: &str, cache: Option<CacheAt<'_>>) -> anyhow::Resu
             prog.display()
         );
     }
-    if let Some(c) = cache.filter(|c| super::bincache::usable(c.dir)) {
-        let entry = super::bincache::Entry::of(c.dir, c.realm, prog, &file)?;
+    if let Some(c) = cache.filter(|c| fetcher::programs::usable(c.dir)) {
+        let entry = fetcher::programs::Entry::of(c.dir, c.realm, prog, &file)?;
         match entry.open().map_or_else(|| entry.fill(&file), Ok) {
             Ok(f) => {
                 return Ok(Program::Binary {

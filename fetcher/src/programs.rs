@@ -1,6 +1,6 @@
-//! The trampoline's program cache (`cache_dir` in trampoline.toml): a proc's binary is copied
-//! out of binfs once per realm, name and binfs attributes, and every later proc of it execs
-//! the cached file by descriptor, paged in by the kernel from its page cache as the upstream
+//! σOS procs' programs, cached (the supervisor's trampoline mode, `cache_dir` in its
+//! trampoline.toml): a proc's binary is copied out of binfs once per realm, name and binfs
+//! attributes, and every later proc of it execs the cached file by descriptor, paged in by the kernel from its page cache as the upstream
 //! trampoline's procs are from binfs. Without it each proc's binary is copied whole into a
 //! memfd before the jail starts (35 MB for σOS's Go procs) and freed when it ends.
 //!
@@ -12,7 +12,7 @@
 //! read-only descriptor it is handed (Landlock allows that one file, nothing of the cache).
 #![forbid(unsafe_code)]
 
-use anyhow::{anyhow, Context as _};
+use crate::error::{FetchError, Result};
 use sha2::{Digest as _, Sha256};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
@@ -29,10 +29,10 @@ pub struct Entry {
 
 impl Entry {
     /// The entry of `prog` (opened as `file`, whose attributes are binfs's) in `realm`.
-    pub fn of(cache_dir: &Path, realm: &str, prog: &Path, file: &File) -> anyhow::Result<Entry> {
+    pub fn of(cache_dir: &Path, realm: &str, prog: &Path, file: &File) -> Result<Entry> {
         let m = file
             .metadata()
-            .with_context(|| format!("stat of {}", prog.display()))?;
+            .map_err(|e| FetchError::io("stat of", prog, e))?;
         let mut h = Sha256::new();
         for part in [
             realm.as_bytes(),
@@ -57,13 +57,13 @@ impl Entry {
 
     /// Copies `file` into the cache and opens the copy. Nothing is left under the entry's name
     /// unless the copy is whole.
-    pub fn fill(&self, file: &File) -> anyhow::Result<File> {
+    pub fn fill(&self, file: &File) -> Result<File> {
         let dir = self.path.parent().unwrap_or(Path::new("/"));
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
+            .map_err(|e| FetchError::io("creating", dir, e))?;
         let tmp = dir.join(format!(".tmp-{}", std::process::id()));
         let result = (|| {
             let mut out = OpenOptions::new()
@@ -85,10 +85,15 @@ impl Entry {
         })();
         if let Err(e) = result {
             let _ = std::fs::remove_file(&tmp);
-            return Err(anyhow!("caching at {}: {e}", self.path.display()));
+            return Err(FetchError::io("caching a program at", &self.path, e));
         }
-        self.open()
-            .ok_or_else(|| anyhow!("{}: vanished after caching", self.path.display()))
+        self.open().ok_or_else(|| {
+            FetchError::io(
+                "opening the program cached at",
+                &self.path,
+                std::io::ErrorKind::NotFound.into(),
+            )
+        })
     }
 }
 
