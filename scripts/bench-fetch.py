@@ -263,8 +263,17 @@ def main() -> None:
             time.sleep(0.1)
         else:
             sys.exit("bench-fetch: MinIO not ready")
-        subprocess.run(["curl", "-fsS", "-X", "PUT", "--aws-sigv4", "aws:amz:us-east-1:s3",
-                        "--user", f"{USER}:{PASS}", f"{endpoint}/libs"], check=True)
+        # MinIO may answer 503 for a few seconds after it says it is ready (its drive is still
+        # being set up): the first bucket is asked for until it is made.
+        for _ in range(100):
+            r = subprocess.run(["curl", "-fsS", "-X", "PUT", "--aws-sigv4", "aws:amz:us-east-1:s3",
+                                "--user", f"{USER}:{PASS}", f"{endpoint}/libs"],
+                               capture_output=True)
+            if r.returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            sys.exit("bench-fetch: MinIO made no bucket: " + r.stderr.decode().strip())
         aws = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=USER,
                    AWS_SECRET_ACCESS_KEY=PASS, AWS_REGION="us-east-1",
                    AWS_EC2_METADATA_DISABLED="true")
