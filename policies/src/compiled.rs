@@ -23,6 +23,9 @@ pub struct Options<'a> {
     pub notify_paths: bool,
     /// Calls that write are notified so a refusal as read-only can be explained.
     pub read_only_hints: bool,
+    /// The proc has a network namespace of its own (jailed, not `--net host`): the profile's
+    /// `needs = "own-net"` entries apply ([`Profile::for_run`]).
+    pub own_net: bool,
 }
 
 /// One cache entry: the parsed profile and what compiling it gave.
@@ -70,8 +73,8 @@ pub fn key(opts: &Options, source: &Source, exe: &str, version: &str) -> String 
         })
         .collect();
     format!(
-        "v5 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} served_at={:?} audit={} \
-         jailed={} notify_paths={} read_only_hints={}",
+        "v6 {} exe={exe} libseccomp={seccomp} profile={:?} text={text} served_at={:?} audit={} \
+         jailed={} notify_paths={} read_only_hints={} own_net={}",
         version,
         source.file,
         served_at,
@@ -79,6 +82,7 @@ pub fn key(opts: &Options, source: &Source, exe: &str, version: &str) -> String 
         opts.jailed,
         opts.notify_paths,
         opts.read_only_hints,
+        opts.own_net,
     )
 }
 

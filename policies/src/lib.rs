@@ -20,7 +20,8 @@ mod profile;
 pub use error::PolicyError;
 pub use paths::{PathAction, PathDecision, PathRule};
 pub use profile::{
-    parse_serve_arg, DefaultAction, NotificationKind, Origin, Profile, SyscallAction, SyscallEntry,
+    parse_serve_arg, DefaultAction, Need, NotificationKind, Origin, Profile, SyscallAction,
+    SyscallEntry,
 };
 
 use std::path::Path;

@@ -1274,3 +1274,95 @@ fn builtin_errors_name_the_repository_file() {
     );
     assert!(builtin("nope").is_none());
 }
+
+/// `needs`: TCP/UDP sockets only with a network namespace of the proc's own; renicing another
+/// process and extended attributes only in the jail; raw and packet sockets never; the parsed
+/// profile (nothing resolved) is the strictest.
+#[test]
+fn entries_that_need_the_jail_or_its_network_apply_only_to_such_runs() {
+    const INET: u64 = libc::AF_INET as u64;
+    const INET6: u64 = libc::AF_INET6 as u64;
+    let tcp = [
+        INET,
+        libc::SOCK_STREAM as u64 | libc::SOCK_CLOEXEC as u64,
+        0,
+        0,
+        0,
+        0,
+    ];
+    let udp6 = [
+        INET6,
+        libc::SOCK_DGRAM as u64,
+        libc::IPPROTO_UDP as u64,
+        0,
+        0,
+        0,
+    ];
+    let raw = [INET, libc::SOCK_RAW as u64, 0, 0, 0, 0];
+    let packet = [libc::AF_PACKET as u64, libc::SOCK_DGRAM as u64, 0, 0, 0, 0];
+    let sctp = [INET, libc::SOCK_STREAM as u64, 132, 0, 0, 0];
+    let renice = [0, 42, 5, 0, 0, 0];
+    let raise = [0, 42, (-5i32) as u32 as u64, 0, 0, 0];
+    let xattr = [0; 6];
+    let eperm = Action::Errno(libc::EPERM);
+    let enotsup = Action::Errno(libc::ENOTSUP);
+    let cases = [
+        (None, eperm, eperm, enotsup),
+        (Some((false, false)), eperm, eperm, enotsup),
+        (Some((true, false)), eperm, Action::Allow, Action::Allow),
+        (
+            Some((true, true)),
+            Action::Allow,
+            Action::Allow,
+            Action::Allow,
+        ),
+    ];
+    for (run, socket, setprio, getxattr) in cases {
+        let p = match run {
+            None => sigmaos(),
+            Some((jailed, own_net)) => sigmaos().for_run(jailed, own_net),
+        };
+        let spec = p.filter_spec();
+        let what = format!("{run:?}");
+        assert_eq!(kernel_action(&spec, "socket", tcp), socket, "{what}");
+        assert_eq!(kernel_action(&spec, "socket", udp6), socket, "{what}");
+        for refused in [raw, packet, sctp] {
+            assert_eq!(kernel_action(&spec, "socket", refused), eperm, "{what}");
+        }
+        assert_eq!(
+            kernel_action(&spec, "setpriority", renice),
+            setprio,
+            "{what}"
+        );
+        assert_eq!(kernel_action(&spec, "setpriority", raise), eperm, "{what}");
+        assert_eq!(kernel_action(&spec, "getxattr", xattr), getxattr, "{what}");
+        assert_eq!(kernel_action(&spec, "fsetxattr", xattr), getxattr, "{what}");
+        // Local sockets in every run.
+        let unix = [libc::AF_UNIX as u64, libc::SOCK_STREAM as u64, 0, 0, 0, 0];
+        assert_eq!(
+            kernel_action(&spec, "socket", unix),
+            Action::Allow,
+            "{what}"
+        );
+        spec.compile().unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    // sigmaos-strict has none of them, whatever the run.
+    let strict = load("sigmaos-strict").unwrap().for_run(true, true);
+    let spec = strict.filter_spec();
+    assert_eq!(kernel_action(&spec, "socket", tcp), eperm);
+    assert_eq!(kernel_action(&spec, "setpriority", renice), eperm);
+}
+
+#[test]
+fn a_need_is_jail_or_own_net_and_never_on_a_notify_entry() {
+    let head = "name = \"t\"\n[default]\naction = \"errno\"\nerrno = \"EPERM\"\nreason = \"r\"\n";
+    let bad = |body: &str| Profile::parse(&format!("{head}{body}"), "t.toml").unwrap_err();
+    let e = bad(
+        "[[syscall]]\nname = \"socket\"\naction = \"allow\"\nneeds = \"cloud\"\nreason = \"r\"\n",
+    );
+    assert!(e.to_string().contains("unknown need `cloud`"), "{e}");
+    let e = bad(
+        "[[syscall]]\nname = \"openat\"\naction = \"notify\"\nneeds = \"jail\"\nreason = \"r\"\n",
+    );
+    assert!(e.to_string().contains("no `needs`"), "{e}");
+}

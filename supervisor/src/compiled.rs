@@ -43,7 +43,8 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
             return Ok(c);
         }
     }
-    let profile = source.parse()?;
+    // The entries this run's jail makes safe (`needs`), resolved before anything is built.
+    let profile = source.parse()?.for_run(opts.jailed, opts.own_net);
     let (mut policy, elide) = policy_of(opts, profile.clone())?;
     let root_fixed = policy.root_is_fixed();
     policy.set_root_fixed(root_fixed);
@@ -141,6 +142,7 @@ mod tests {
             jailed: true,
             notify_paths: false,
             read_only_hints: false,
+            own_net: true,
         }
     }
 

@@ -80,6 +80,7 @@ pub fn run(cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::E
             jailed: !cli.jail.no_jail,
             notify_paths: cli.always_notify || trace.is_some(),
             read_only_hints: hints,
+            own_net: cli.jail.net == crate::container::NetArg::None,
         },
         cache_root.as_deref(),
     )?;

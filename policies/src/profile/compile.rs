@@ -84,6 +84,8 @@ impl Profile {
     /// are covered by the default itself; [`Profile::notification_kind`] tells them apart).
     /// An unconditional entry next to a conditional one for the same syscall is emitted under
     /// the complement of that condition, so the conditional rule survives in libseccomp.
+    /// An entry whose need is not resolved ([`Profile::for_run`]) is left out: the profile as
+    /// parsed is the strictest one.
     pub fn filter_spec(&self) -> FilterSpec {
         let default = match self.default {
             DefaultAction::Allow => Action::Allow,
@@ -101,14 +103,15 @@ impl Profile {
         // every run that loads a profile builds this spec.
         let mut conditional: std::collections::HashMap<&str, Vec<ArgCmp>> =
             std::collections::HashMap::new();
-        for c in self.syscalls.iter().filter(|c| !c.when.is_empty()) {
+        let resolved = || self.syscalls.iter().filter(|e| e.needs.is_none());
+        for c in resolved().filter(|c| !c.when.is_empty()) {
             conditional
                 .entry(c.name.as_str())
                 .or_default()
                 .extend(c.when.iter().copied());
         }
         let mut rules = Vec::with_capacity(self.syscalls.len());
-        for e in &self.syscalls {
+        for e in resolved() {
             // An unconditional entry next to a conditional one (validated: a single condition
             // with an exact complement) applies where the condition fails. Written as is,
             // libseccomp would let it swallow the conditional rule.

@@ -19,5 +19,6 @@ mod validate;
 #[cfg(test)]
 pub(crate) use compile::{complement, complement_all};
 pub use model::{
-    parse_serve_arg, DefaultAction, NotificationKind, Origin, Profile, SyscallAction, SyscallEntry,
+    parse_serve_arg, DefaultAction, Need, NotificationKind, Origin, Profile, SyscallAction,
+    SyscallEntry,
 };

@@ -37,6 +37,16 @@ pub enum Origin {
     Addition,
 }
 
+/// What a `[[syscall]]` entry may need of the run ([`SyscallEntry::needs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Need {
+    /// The σcontainer: its PID and mount namespaces confine the call (`needs = "jail"`).
+    Jail,
+    /// A network namespace of the proc's own, loopback only: jailed and not `--net host`
+    /// (`needs = "own-net"`).
+    OwnNet,
+}
+
 /// One validated `[[syscall]]` entry.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SyscallEntry {
@@ -50,6 +60,11 @@ pub struct SyscallEntry {
     #[serde(skip)]
     pub reason: String,
     pub origin: Option<Origin>,
+    /// What the entry needs of the run to apply (`needs = "jail"` or `"own-net"`); where it
+    /// holds, the entry replaces an unconditional one for the same call and arguments
+    /// ([`Profile::for_run`]).
+    #[serde(default)]
+    pub needs: Option<Need>,
     /// Line of the entry's `name` in its file.
     pub line: usize,
 }
@@ -103,6 +118,31 @@ impl Profile {
 
     pub fn path_rules(&self) -> &[PathRule] {
         &self.paths
+    }
+
+    /// The profile for one run: an entry that [`SyscallEntry::needs`] what the run lacks is
+    /// dropped; one whose need holds replaces the entry for the same call and arguments that
+    /// needs nothing (e.g. `getxattr` answered ENOTSUP without a jail, allowed in one), and
+    /// needs nothing more. Until then such entries apply nowhere ([`Profile::filter_spec`]).
+    pub fn for_run(mut self, jailed: bool, own_net: bool) -> Profile {
+        let holds = |n: Need| match n {
+            Need::Jail => jailed,
+            Need::OwnNet => jailed && own_net,
+        };
+        self.syscalls.retain(|e| e.needs.is_none_or(holds));
+        let granted: Vec<(i32, Vec<ArgCmp>)> = self
+            .syscalls
+            .iter()
+            .filter(|e| e.needs.is_some())
+            .map(|e| (e.nr, e.when.clone()))
+            .collect();
+        self.syscalls.retain(|e| {
+            e.needs.is_some() || !granted.iter().any(|(nr, w)| *nr == e.nr && *w == e.when)
+        });
+        for e in &mut self.syscalls {
+            e.needs = None;
+        }
+        self
     }
 
     /// The errno unlisted syscalls fail with, if the default is to fail them.

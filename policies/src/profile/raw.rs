@@ -38,6 +38,7 @@ pub(super) struct RawSyscall {
     pub(super) origin: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) when: Vec<Spanned<RawCmp>>,
+    pub(super) needs: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

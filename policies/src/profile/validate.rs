@@ -2,7 +2,7 @@
 //! wrong. Nothing here decides what the filter looks like; [`super::compile`] does.
 
 use super::compile::complement_all;
-use super::model::{DefaultAction, Origin, Profile, SyscallAction, SyscallEntry};
+use super::model::{DefaultAction, Need, Origin, Profile, SyscallAction, SyscallEntry};
 use super::raw::{RawCmp, RawDefault, RawErrno, RawPath, RawProfile, RawSyscall};
 use crate::errno;
 use crate::error::PolicyError;
@@ -230,6 +230,25 @@ impl<'a> Ctx<'a> {
                 }
             }),
         };
+        let needs = match &raw.needs {
+            None => None,
+            Some(n) if action == SyscallAction::Notify => {
+                return Err(self.err(
+                    n.span(),
+                    format!("{what}: a notify entry applies to every run (no `needs`)"),
+                ))
+            }
+            Some(n) => Some(match n.get_ref().as_str() {
+                "jail" => Need::Jail,
+                "own-net" => Need::OwnNet,
+                other => {
+                    return Err(self.err(
+                        n.span(),
+                        format!("{what}: unknown need `{other}` (jail, own-net)"),
+                    ))
+                }
+            }),
+        };
         Ok(SyscallEntry {
             name,
             nr,
@@ -237,6 +256,7 @@ impl<'a> Ctx<'a> {
             when,
             reason,
             origin,
+            needs,
             line: self.line(raw.name.span()),
         })
     }
@@ -418,7 +438,7 @@ impl Profile {
         for s in &raw.syscall {
             let entry = cx.syscall(s)?;
             let span = s.get_ref().name.span();
-            let same = |e: &&SyscallEntry| e.name == entry.name;
+            let same = |e: &&SyscallEntry| e.name == entry.name && e.needs == entry.needs;
             if let Some(first) = syscalls.iter().filter(same).find(|e| e.when == entry.when) {
                 let what = if entry.when.is_empty() {
                     String::new()

@@ -3,6 +3,10 @@
 //! path is refused with its errno, anything else continues. The profile lets only AF_UNIX
 //! stream/seqpacket sockets be made (`socket` by argument), so the network stays σOS's.
 //!
+//! Where the proc has a network namespace of its own the profile also lets it make TCP and UDP
+//! sockets (`needs = "own-net"`): their addresses continue, the namespace (loopback only) is
+//! all they reach. Without a jail no such socket can be made, and an inet address is refused.
+//!
 //! Abstract names (a leading NUL) are not paths. Inside the σcontainer they belong to its
 //! network namespace, so they continue. Without a jail they would reach the host's services:
 //! a proc may then connect only to abstract names its own processes bound.
@@ -45,16 +49,21 @@ enum Addr {
     Abstract(Vec<u8>),
     /// An autobind request (bind with only the family).
     Autobind,
+    /// An AF_INET or AF_INET6 address.
+    Inet,
 }
 
-/// Parse `len` bytes of a sockaddr as the kernel does for AF_UNIX; EAFNOSUPPORT for another
-/// family (only local sockets exist in a proc), EINVAL for a bad length.
+/// Parse `len` bytes of a sockaddr as the kernel does for AF_UNIX; an inet address as such
+/// (the kernel checks it), EAFNOSUPPORT for another family, EINVAL for a bad length.
 fn parse(bytes: &[u8]) -> Result<Addr, Errno> {
     if bytes.len() < SUN_PATH {
         return Err(Errno::EINVAL);
     }
-    let family = u16::from_ne_bytes([bytes[0], bytes[1]]);
-    if i32::from(family) != libc::AF_UNIX {
+    let family = i32::from(u16::from_ne_bytes([bytes[0], bytes[1]]));
+    if family == libc::AF_INET || family == libc::AF_INET6 {
+        return Ok(Addr::Inet);
+    }
+    if family != libc::AF_UNIX {
         return Err(Errno::EAFNOSUPPORT);
     }
     let path = &bytes[SUN_PATH..];
@@ -95,6 +104,17 @@ pub fn handle(
         .inspect_err(|e| info.decision = Some(Decision::Error(*e as i32)))?;
     let continue_ = Ok(Reply::Respond(Response::continue_unchecked()));
     match addr {
+        // An inet socket exists only where the profile let the proc make one: in its own
+        // network namespace, which is all the address can reach (or an AF_UNIX socket, which
+        // the kernel refuses it with EINVAL).
+        Addr::Inet if sh.jailed() => {
+            info.decision = Some(Decision::Continue);
+            continue_
+        }
+        Addr::Inet => {
+            info.decision = Some(Decision::Deny(libc::EAFNOSUPPORT));
+            Err(Errno::EAFNOSUPPORT)
+        }
         Addr::Autobind => {
             info.decision = Some(Decision::Continue);
             continue_
@@ -177,8 +197,10 @@ mod tests {
             Ok(Addr::Abstract(b"name\0x".to_vec()))
         );
         assert_eq!(parse(&addr(libc::AF_UNIX, b"")), Ok(Addr::Autobind));
+        assert_eq!(parse(&addr(libc::AF_INET, &[0; 14])), Ok(Addr::Inet));
+        assert_eq!(parse(&addr(libc::AF_INET6, &[0; 26])), Ok(Addr::Inet));
         assert_eq!(
-            parse(&addr(libc::AF_INET, &[0; 14])),
+            parse(&addr(libc::AF_PACKET, &[0; 18])),
             Err(Errno::EAFNOSUPPORT)
         );
         assert_eq!(parse(&[1]), Err(Errno::EINVAL));
