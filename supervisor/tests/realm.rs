@@ -1256,6 +1256,24 @@ fn a_run_that_needed_its_package_s_first_files_ends_before_the_rest_arrives() {
         status.is_some_and(|s| s.success()),
         "the run waited for the rest of its package (or failed)"
     );
+    // The realm line says what was decoded while the run lasted (the imported files) and
+    // what was left to be decoded only to be persisted (the blob, still to arrive).
+    let err = stderr(&out);
+    let bytes_after = |what: &str| -> u64 {
+        err.split(what)
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {what:?} in:\n{err}"))
+    };
+    let (during, after) = (
+        bytes_after("decoded during the run "),
+        bytes_after("(persisted only) "),
+    );
+    assert!(
+        during > 0 && after > during,
+        "{during} then {after}:\n{err}"
+    );
     let marker = cache.join("realms/r/state/demo-s.installed");
     assert!(!marker.exists());
     assert_eq!(

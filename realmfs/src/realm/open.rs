@@ -186,6 +186,8 @@ impl RealmPlan {
             by_pkg: Mutex::new(HashMap::new()),
             idle: Condvar::new(),
             files: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            placed_bytes: AtomicU64::new(0),
             report: std::sync::OnceLock::new(),
         });
         let (rt, cache, reported, index) = self.open_cache(true, true, Some(&streams))?;

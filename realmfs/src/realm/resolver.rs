@@ -260,7 +260,8 @@ impl Resolver for RealmResolver {
             "sigma-supervise realm {} ({}): backend notification{}: fetched {} packages, {} \
              bytes, {} GETs; installed {}; cache hits {}; fetch time {:.3} ms; streamed {} \
              files, {} calls served before their package was complete; {} packages still \
-             arriving (left to their fill processes)\n",
+             arriving (left to their fill processes); decoded during the run {} bytes, after it \
+             (persisted only) {} bytes\n",
             self.sh.realm,
             self.sh.bucket,
             self.lazy_note
@@ -275,7 +276,12 @@ impl Resolver for RealmResolver {
             s.fetch_time.as_secs_f64() * 1e3,
             self.streams.files.load(Ordering::Relaxed),
             self.streamed_hits.load(Ordering::Relaxed),
-            self.streams.arriving()
+            self.streams.arriving(),
+            self.streams.bytes.load(Ordering::Relaxed),
+            self.streams
+                .placed_bytes
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.streams.bytes.load(Ordering::Relaxed)),
         ))
     }
 }

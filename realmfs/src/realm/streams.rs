@@ -5,7 +5,7 @@
 use super::fetching::{errno_for, lock, ReportFn};
 use fetcher::{FetchError, RealmCache};
 use nix::errno::Errno;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -21,6 +21,11 @@ pub(super) struct Streams {
     pub(super) idle: Condvar,
     /// Files announced verified while their package was incomplete.
     pub(super) files: AtomicU64,
+    /// Their bytes: decoded and verified while this run lasted.
+    pub(super) bytes: AtomicU64,
+    /// Bytes of the packages placed while this run lasted: what is not in `bytes` was (or is
+    /// being) decoded only to be persisted, after the run or beside it.
+    pub(super) placed_bytes: AtomicU64,
     /// Says a failed install (once per message, as the ensure that started it does): set once
     /// the cache is open. A waiter may be answered, and the run end, before that ensure ends.
     pub(super) report: std::sync::OnceLock<ReportFn>,
@@ -35,8 +40,9 @@ pub(super) struct Stream {
 
 #[derive(Default)]
 pub(super) struct StreamState {
-    /// The package's files not verified yet (index paths); `None` until its skeleton is placed.
-    pub(super) pending: Option<HashSet<String>>,
+    /// The package's files not verified yet (index paths, sizes); `None` until its skeleton
+    /// is placed.
+    pub(super) pending: Option<HashMap<String, u64>>,
     /// The wait is over: the package is installed (`Ok`) or its ensure failed.
     pub(super) done: Option<Result<(), Errno>>,
     /// An ensure of the package was started for this stream's waiters.
@@ -51,7 +57,7 @@ impl StreamState {
     /// file, or a name the package does not have, which the kernel answers).
     pub(super) fn servable(&self, rel: &str) -> bool {
         matches!(self.done, Some(Ok(())))
-            || (self.done.is_none() && self.pending.as_ref().is_some_and(|p| !p.contains(rel)))
+            || (self.done.is_none() && self.pending.as_ref().is_some_and(|p| !p.contains_key(rel)))
     }
 }
 
@@ -124,12 +130,10 @@ impl Streams {
             return;
         };
         for st in lock(&self.by_pkg).values() {
-            let removed = lock(&st.state)
-                .pending
-                .as_mut()
-                .is_some_and(|p| p.remove(rel));
-            if removed {
+            let removed = lock(&st.state).pending.as_mut().and_then(|p| p.remove(rel));
+            if let Some(size) = removed {
                 self.files.fetch_add(1, Ordering::Relaxed);
+                self.bytes.fetch_add(size, Ordering::Relaxed);
                 st.changed.notify_all();
                 return;
             }
@@ -140,7 +144,10 @@ impl Streams {
 impl fetcher::Placement for Streams {
     fn placed(&self, pkg: &fetcher::index::Package) {
         let st = self.get_or_insert(&pkg.name);
-        lock(&st.state).pending = Some(pkg.files.iter().map(|f| f.path.clone()).collect());
+        lock(&st.state).pending =
+            Some(pkg.files.iter().map(|f| (f.path.clone(), f.size)).collect());
+        self.placed_bytes
+            .fetch_add(pkg.unpacked_size(), Ordering::Relaxed);
         st.changed.notify_all();
         if jail::marking() {
             jail::mark(&format!("placed:{}", pkg.name));
