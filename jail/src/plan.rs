@@ -294,16 +294,6 @@ impl JailSpec {
         let mut source_dsts = Vec::new();
         let mut idmap = Vec::new();
         let mut copies = Vec::new();
-        let mut symlinks: Vec<_> = self.symlinks.iter().collect();
-        symlinks.sort_by_key(|(d, _)| d.components().count());
-        for (dst, target) in symlinks {
-            check_abs(dst)?;
-            tree.parents(dst, &mut steps)?;
-            steps.push(Step::Symlink {
-                target: cstr(target)?,
-                path: cstr(&built(dst))?,
-            });
-        }
         // Fixed parts of every jail.
         for (d, mode) in [("/dev", 0o755), ("/proc", 0o555), ("/tmp", 0o1777)] {
             tree.dirs.insert(PathBuf::from(d));
@@ -320,6 +310,26 @@ impl JailSpec {
         steps.push(Step::Proc {
             path: cstr(&built(Path::new("/proc")))?,
         });
+        // Symlinks once `/tmp` is the jail's own (a script's linked directory may be there). A
+        // link some other path of the jail would pass through is left out: the jail's set-up
+        // would follow it out of the new root.
+        let through = |l: &Path| {
+            let passes = |d: &Path| d != l && d.starts_with(l);
+            uniq.iter().any(|(b, _)| passes(&b.dst))
+                || self.dirs.iter().any(|d| passes(d))
+                || self.files.iter().any(|f| passes(&f.dst))
+                || self.symlinks.iter().any(|(d, _)| passes(d))
+        };
+        let mut symlinks: Vec<_> = self.symlinks.iter().filter(|(d, _)| !through(d)).collect();
+        symlinks.sort_by_key(|(d, _)| d.components().count());
+        for (dst, target) in symlinks {
+            check_abs(dst)?;
+            tree.parents(dst, &mut steps)?;
+            steps.push(Step::Symlink {
+                target: cstr(target)?,
+                path: cstr(&built(dst))?,
+            });
+        }
         for p in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"] {
             steps.push(Step::ReadOnly {
                 path: cstr(&built(Path::new(p)))?,
@@ -622,6 +632,27 @@ mod tests {
             msg.starts_with(&format!("jail: opening a file to copy {}", small.display())),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn a_symlink_another_path_of_the_jail_passes_through_is_left_out() {
+        let mut spec = JailSpec::new(1000, 1000);
+        spec.binds.push(Bind::ro("/usr/share").at("/tmp/link/data"));
+        spec.symlinks
+            .push(("/tmp/link".into(), "/elsewhere".into()));
+        spec.symlinks
+            .push(("/tmp/alone".into(), "/elsewhere".into()));
+        let plan = spec.prepare().unwrap();
+        let links: Vec<_> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Symlink { path, .. } => Some(path.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect();
+        assert!(links.iter().any(|p| p.ends_with("/tmp/alone")), "{links:?}");
+        assert!(!links.iter().any(|p| p.ends_with("/tmp/link")), "{links:?}");
     }
 
     #[test]

@@ -309,6 +309,7 @@ impl ViewOptions {
             .find(|a| !a.as_encoded_bytes().starts_with(b"-"))
         {
             if let Some(abs) = absolute(Path::new(a), &self.cwd) {
+                let named = notify::path::join_normalized(&self.cwd, Path::new(a));
                 let abs = std::fs::canonicalize(&abs).unwrap_or(abs);
                 let system =
                     SYSTEM_TREES.iter().any(|d| abs.starts_with(d)) && !under_shared_tmp(&abs);
@@ -316,6 +317,11 @@ impl ViewOptions {
                     match abs.parent() {
                         Some(dir) if !too_broad(dir) => push_ro(&mut s, dir.to_path_buf()),
                         _ => push_ro(&mut s, abs.clone()),
+                    }
+                    // Named through a symlinked directory: that link too, where it lies
+                    // outside what the jail shows already.
+                    if named != abs {
+                        push_link(&mut s, &named);
                     }
                 }
             }
@@ -487,7 +493,9 @@ fn push_prefix(s: &mut JailSpec, prefix: PathBuf) {
     }
 }
 
-/// Add a read-only bind unless an existing bind already shows it.
+/// Add a read-only bind unless an existing bind already shows it. Idmapped: what the command
+/// line names is the user's, and a root supervisor's proc reads it as root would (as it does
+/// its working directory; an ordinary user's proc runs as that user already).
 fn push_ro(s: &mut JailSpec, p: PathBuf) {
     if s.binds
         .iter()
@@ -495,7 +503,40 @@ fn push_ro(s: &mut JailSpec, p: PathBuf) {
     {
         return;
     }
-    s.binds.push(Bind::ro(p));
+    s.binds.push(Bind::ro(p).idmapped());
+}
+
+/// The first symlink on the way to `named` (a path as the command line spells it, `.` and
+/// `..` resolved), as a symlink in the jail: `/tmp/link/h.py`, with `/tmp/link` a link to the
+/// shown `/tmp/tmp.X`, opens there as it does bare. Only a link whose own directory holds no
+/// link (the jail makes its parents as directories), outside the system's trees and what a
+/// bind shows (there it is the host's own).
+fn push_link(s: &mut JailSpec, named: &Path) {
+    let mut at = PathBuf::from("/");
+    for c in named
+        .parent()
+        .into_iter()
+        .flat_map(|p| p.components())
+        .skip(1)
+    {
+        at.push(c);
+        let Ok(m) = std::fs::symlink_metadata(&at) else {
+            return;
+        };
+        if !m.file_type().is_symlink() {
+            continue;
+        }
+        let system = SYSTEM_TREES.iter().any(|d| at.starts_with(d)) && !under_shared_tmp(&at);
+        if system || in_system(&at) || s.binds.iter().any(|b| at.starts_with(&b.dst)) {
+            return;
+        }
+        if let Ok(target) = std::fs::read_link(&at) {
+            if !s.symlinks.iter().any(|(p, _)| *p == at) {
+                s.symlinks.push((at, target));
+            }
+        }
+        return;
+    }
 }
 
 #[cfg(test)]
@@ -710,5 +751,25 @@ mod tests {
             "{:?}",
             s.binds
         );
+    }
+
+    #[test]
+    fn a_script_through_a_symlinked_directory_shows_the_link_and_its_directory_idmapped() {
+        let dir = tempfile_dir("link");
+        let real = dir.join("real");
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::write(real.join("h.py"), b"print(1)").unwrap();
+        std::os::unix::fs::symlink(&real, dir.join("link")).unwrap();
+        let mut v = run_of("/usr/bin/python3", "/", CwdMode::None);
+        v.args.push(dir.join("link/h.py").into());
+        let s = v.spec();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let shown = s
+            .binds
+            .iter()
+            .find(|b| b.src == real)
+            .expect("the script's directory");
+        assert!(shown.idmap && !shown.rw, "{shown:?}");
+        assert_eq!(s.symlinks.last(), Some(&(dir.join("link"), real.clone())));
     }
 }
