@@ -429,3 +429,210 @@ except ConnectionRefusedError:
         std::io::ErrorKind::WouldBlock
     );
 }
+
+// ------------------------------------------------------------------------------------------------
+// What the command line names, shown as the user reaches it; the network, xattrs and the
+// terminal as bare.
+// ------------------------------------------------------------------------------------------------
+
+/// A directory only `user` may enter (0700, its own, as `mktemp -d` makes), outside its working
+/// directory, with a script that reads a file beside it.
+fn private_dir(user: &As) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("data.txt"), "private data\n").unwrap();
+    std::fs::write(
+        d.path().join("h.py"),
+        "import os, sys\nhere = os.path.dirname(os.path.abspath(__file__))\n\
+         print(open(os.path.join(here, 'data.txt')).read().strip(), len(sys.argv))\n",
+    )
+    .unwrap();
+    if user.nobody {
+        for p in [
+            d.path().to_owned(),
+            d.path().join("data.txt"),
+            d.path().join("h.py"),
+        ] {
+            let nobody = Some(nix::unistd::Uid::from_raw(65534));
+            nix::unistd::chown(&p, nobody, Some(nix::unistd::Gid::from_raw(65534))).unwrap();
+        }
+    }
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    d
+}
+
+/// Bare and supervised (`sup_args` before the command) as `user`: the same stdout and status,
+/// and the stdout is what `want` says.
+fn same_as_bare(user: &As, sup_args: &[&std::ffi::OsStr], cmd: &[&std::ffi::OsStr], want: &str) {
+    let sup = PathBuf::from(env!("CARGO_BIN_EXE_sigma-supervise"));
+    let mut full: Vec<&std::ffi::OsStr> = vec![user.python.as_os_str()];
+    full.extend(cmd);
+    let (bare, bare_err) = outcome(user.command(&user.python, cmd));
+    let mut args: Vec<&std::ffi::OsStr> = sup_args.to_vec();
+    args.extend(&full);
+    let (supervised, err) = outcome(user.command(&sup, &args));
+    let who = if user.nobody { "nobody" } else { "root" };
+    assert_eq!(bare.stdout, want, "{who} bare: {bare_err}");
+    assert_eq!(supervised, bare, "{who} {args:?}: {err}");
+}
+
+fn scripts_in_private_directories_run_as_bare(user: As) {
+    let d = private_dir(&user);
+    let script = d.path().join("h.py");
+    let want = "private data 1\n";
+    // Named where it is, outside the working directory.
+    same_as_bare(&user, &[], &[script.as_os_str()], want);
+    // Reached through a symlinked directory.
+    let links = tempfile::tempdir().unwrap();
+    let link = links.path().join("link");
+    std::os::unix::fs::symlink(d.path(), &link).unwrap();
+    same_as_bare(&user, &[], &[link.join("h.py").as_os_str()], want);
+    // Shown by --bind, read by a program that names it only inside its code.
+    let code = format!(
+        "print(open({:?}).read().strip())",
+        d.path().join("data.txt").display()
+    );
+    let bind = [std::ffi::OsStr::new("--bind"), d.path().as_os_str()];
+    same_as_bare(
+        &user,
+        &bind,
+        &["-c".as_ref(), code.as_ref()],
+        "private data\n",
+    );
+}
+
+#[test]
+fn scripts_in_private_directories_run_as_bare_as_root() {
+    scripts_in_private_directories_run_as_bare(As::root());
+}
+
+#[test]
+fn scripts_in_private_directories_run_as_bare_unprivileged() {
+    scripts_in_private_directories_run_as_bare(As::nobody());
+}
+
+/// A TCP socket's fate: `made` (and whether it reached the host's listener), or its errno.
+const TRY_TCP: &str = r#"
+import socket, sys
+try:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+except OSError as e:
+    print("refused", e.errno); sys.exit()
+try:
+    s.settimeout(5)
+    s.connect(("127.0.0.1", int(sys.argv[1])))
+    print("made, reached the host")
+except OSError as e:
+    print("made, host unreachable", type(e).__name__)
+"#;
+
+#[test]
+fn inet_sockets_stay_in_the_procs_own_network() {
+    let user = As::root();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let sup = PathBuf::from(env!("CARGO_BIN_EXE_sigma-supervise"));
+    let py = user.python.as_os_str();
+    let run = |extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = extra.iter().map(|a| a.as_ref()).collect();
+        args.extend([py, "-c".as_ref(), TRY_TCP.as_ref(), port.as_ref()]);
+        outcome(user.command(&sup, &args))
+    };
+    // Its own network: the socket is made, the host's listener is not there.
+    let (o, err) = run(&[]);
+    assert_eq!(
+        o.stdout, "made, host unreachable ConnectionRefusedError\n",
+        "{err}"
+    );
+    // The host's network, or σOS's list to the letter: no inet socket at all.
+    for extra in [&["--net", "host"][..], &["--profile", "sigmaos-strict"]] {
+        let (o, err) = run(extra);
+        assert_eq!(
+            o.stdout,
+            format!("refused {}\n", libc::EPERM),
+            "{extra:?}: {err}"
+        );
+    }
+    // Nobody knocked.
+    assert_eq!(
+        listener.accept().map(|_| ()).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
+    // Raw and packet sockets stay refused, even to a root user's proc.
+    let raw = "import socket\nfor f, t, p in ((socket.AF_INET, socket.SOCK_RAW, 1), \
+               (socket.AF_PACKET, socket.SOCK_DGRAM, 0)):\n    try:\n        \
+               socket.socket(f, t, p); print('made')\n    except OSError as e:\n        \
+               print(e.errno)\n";
+    let (o, err) = supervised_python(raw);
+    assert_eq!(o.stdout, format!("{0}\n{0}\n", libc::EPERM), "{err}");
+}
+
+#[test]
+fn trusted_xattrs_are_refused_by_the_kernel_and_user_xattrs_land_on_the_file() {
+    // As root, in a working directory of root's (idmapped): bare root could set trusted.*,
+    // the proc holds no capability.
+    let user = As::root();
+    let file = user.home.path().join("f.txt");
+    std::fs::write(&file, "x").unwrap();
+    let code = "import os\nos.setxattr('f.txt', 'user.k', b'v')\ntry:\n    \
+                os.setxattr('f.txt', 'trusted.k', b'v'); print('set')\nexcept OSError as e:\n    \
+                print(e.errno)\n";
+    let sup = PathBuf::from(env!("CARGO_BIN_EXE_sigma-supervise"));
+    let args = [user.python.as_os_str(), "-c".as_ref(), code.as_ref()];
+    let (o, err) = outcome(user.command(&sup, &args));
+    assert_eq!(o.stdout, format!("{}\n", libc::EPERM), "{err}");
+    // Seen from outside: the user attribute is there, the trusted one is not.
+    let list = format!(
+        "import os; print(sorted(os.listxattr({:?})))",
+        file.display()
+    );
+    let (host, err) = outcome(user.command(&user.python, &["-c".as_ref(), list.as_ref()]));
+    assert_eq!(host.stdout, "['user.k']\n", "{err}");
+}
+
+/// ^C typed at a pseudo-terminal reaches the program as it does bare: its KeyboardInterrupt
+/// handler runs, and the exit status is the program's.
+#[test]
+fn ctrl_c_through_a_pseudo_terminal_reaches_the_program() {
+    let user = As::root();
+    let driver = r#"
+import os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+out = b""
+def read_until(token, limit):
+    global out
+    end = time.monotonic() + limit
+    while token not in out and time.monotonic() < end:
+        if select.select([fd], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(fd, 1024)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+read_until(b"ready", 60)
+os.write(fd, b"\x03")
+read_until(b"interrupted", 30)
+_, status = os.waitpid(pid, 0)
+print("interrupted" if b"interrupted" in out else out, os.waitstatus_to_exitcode(status))
+"#;
+    let prog = "import sys, time\nprint('ready', flush=True)\ntry:\n    time.sleep(60)\n\
+                except KeyboardInterrupt:\n    print('interrupted', flush=True)\n    sys.exit(3)\n";
+    let sup = PathBuf::from(env!("CARGO_BIN_EXE_sigma-supervise"));
+    let py = user.python.as_os_str();
+    let bare = [py, "-c".as_ref(), prog.as_ref()];
+    let (o, err) = outcome(user.command(
+        &user.python,
+        &[&["-c".as_ref(), driver.as_ref()][..], &bare].concat(),
+    ));
+    assert_eq!(o.stdout, "interrupted 3\n", "bare: {err}");
+    let supervised = [sup.as_os_str(), py, "-c".as_ref(), prog.as_ref()];
+    let (o, err) = outcome(user.command(
+        &user.python,
+        &[&["-c".as_ref(), driver.as_ref()][..], &supervised].concat(),
+    ));
+    assert_eq!(o.stdout, "interrupted 3\n", "supervised: {err}");
+}
