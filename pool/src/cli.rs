@@ -1,0 +1,69 @@
+//! `sigma-supervise pool [--preload MODS]... [--python PYTHON] | --status | --stop`.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+
+/// Keep Python zygotes warm for this user's runs (foreground; --status, --stop).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PoolArgs {
+    /// A zygote that has imported these modules, comma-separated (repeatable: one zygote per
+    /// set; one without preloads is always kept). A run gets the zygote with the most preloads
+    /// that are all among its script's imports.
+    #[arg(long, value_name = "MOD,...")]
+    pub preload: Vec<String>,
+
+    /// The interpreter the zygotes run (a run of another takes the cold path).
+    #[arg(long, value_name = "PYTHON", default_value = "python3")]
+    pub python: PathBuf,
+
+    /// Show the running pool's zygotes.
+    #[arg(long, conflicts_with = "stop")]
+    pub status: bool,
+
+    /// Stop the running pool.
+    #[arg(long)]
+    pub stop: bool,
+}
+
+/// Run the subcommand; its exit status.
+pub fn main(args: &PoolArgs) -> u8 {
+    let done = if args.status {
+        crate::client::status().map(|zs| {
+            println!("pool {}", crate::socket_path().display());
+            for z in zs {
+                let state = if z.alive { "ready" } else { "gone" };
+                println!(
+                    "zygote pid {} {} [{}] forks {} {state}",
+                    z.pid,
+                    z.python,
+                    z.preloads.join(","),
+                    z.forks
+                );
+            }
+        })
+    } else if args.stop {
+        crate::client::stop()
+    } else {
+        let opts = crate::server::PoolOpts {
+            python: args.python.clone(),
+            preloads: args
+                .preload
+                .iter()
+                .map(|s| {
+                    s.split(',')
+                        .filter(|m| !m.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .collect(),
+        };
+        crate::server::serve(&opts)
+    };
+    match done {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("sigma-supervise pool: {e}");
+            1
+        }
+    }
+}

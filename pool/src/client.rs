@@ -1,0 +1,182 @@
+//! The client's side: ask the pool for a proc ([`start`]), or for its state ([`status`],
+//! [`stop`]). A warm start gives back what a cold spawn does: the proc's pid and pidfd, its
+//! seccomp listener, the "go" and the report of how it ended; the caller supervises it.
+#![forbid(unsafe_code)]
+
+use crate::{wire, PoolError};
+use nix::sys::socket::{
+    connect as sys_connect, socket, AddressFamily, SockFlag, SockType, UnixAddr,
+};
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::Path;
+
+/// A connection to the pool; [`PoolError::NoPool`] when none listens.
+pub fn connect() -> Result<OwnedFd, PoolError> {
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|errno| PoolError::Io {
+        what: "socket",
+        errno,
+    })?;
+    let addr = UnixAddr::new(&crate::socket_path()).map_err(|errno| PoolError::Io {
+        what: "socket path",
+        errno,
+    })?;
+    match sys_connect(fd.as_raw_fd(), &addr) {
+        Ok(()) => Ok(fd),
+        Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ECONNREFUSED) => Err(PoolError::NoPool),
+        Err(errno) => Err(PoolError::Io {
+            what: "connecting to the pool",
+            errno,
+        }),
+    }
+}
+
+/// What the proc is and gets, as the caller prepared it for a cold run.
+pub struct WarmRequest<'a> {
+    /// The interpreter, resolved.
+    pub python: &'a Path,
+    pub argv: &'a [&'a [u8]],
+    /// `KEY=VALUE` each.
+    pub env: &'a [&'a [u8]],
+    pub imports: Vec<String>,
+    pub startup: Vec<String>,
+    /// The proc's compiled filter (native `struct sock_filter` array).
+    pub filter: Vec<u8>,
+    /// Descriptors the proc inherits at their own numbers (the σOS socket).
+    pub fds: Vec<BorrowedFd<'a>>,
+}
+
+/// A proc forked by a zygote, waiting for [`Started::go`].
+pub struct Started {
+    /// In our pid namespace.
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+    pub listener: OwnedFd,
+    /// Write one byte to let the proc run.
+    pub go: OwnedFd,
+    /// The zygote's two-byte report of how the proc ended (jail::init::Ended's wire form).
+    pub ended: OwnedFd,
+    pub zygote: String,
+}
+
+pub enum Outcome {
+    Warm(Started),
+    /// The cold path, and why.
+    Cold(String),
+}
+
+/// Ask the pool for a proc. Err: no pool, or it failed; `Cold`: the pool (or the zygote)
+/// declined before anything of the proc ran.
+pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
+    let conn = connect()?;
+    let python = req.python.as_os_str().to_string_lossy().into_owned();
+    let run = wire::Request::Run {
+        python,
+        imports: req.imports.clone(),
+        startup: req.startup.clone(),
+    };
+    wire::send(conn.as_fd(), &run, &[])?;
+    let zygote = match wire::recv::<wire::Answer>(conn.as_fd())? {
+        Some((wire::Answer::Warm { zygote }, _)) => zygote,
+        Some((wire::Answer::Cold { why }, _)) => return Ok(Outcome::Cold(why)),
+        None => return Ok(Outcome::Cold("the pool ended the request".into())),
+    };
+    let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+    nix::sys::stat::umask(umask);
+    let cwd = std::env::current_dir()
+        .map_err(|e| PoolError::Setup(format!("the working directory: {e}")))?;
+    let spawn = wire::Spawn {
+        argv: req.argv.iter().map(|a| wire::hex(a)).collect(),
+        env: req.env.iter().map(|a| wire::hex(a)).collect(),
+        cwd: wire::hex(cwd.as_os_str().as_bytes()),
+        umask: umask.bits(),
+        filter: wire::hex(&req.filter),
+        fds: req.fds.iter().map(|f| f.as_raw_fd()).collect(),
+    };
+    let (ended, ended_tx) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|errno| PoolError::Io {
+            what: "pipe2",
+            errno,
+        })?;
+    // The proc's stdio is ours, as a cold child's is.
+    let (i, o, e) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    let mut fds = vec![i.as_fd(), o.as_fd(), e.as_fd(), ended_tx.as_fd()];
+    fds.extend(req.fds.iter().copied());
+    wire::send(conn.as_fd(), &spawn, &fds)?;
+    drop(ended_tx);
+    let reply = wire::recv::<serde_json::Value>(conn.as_fd())?;
+    let Some((v, mut fds)) = reply else {
+        return Ok(Outcome::Cold(format!(
+            "the zygote {zygote} ended before the proc started"
+        )));
+    };
+    if fds.len() != 2 {
+        return Ok(Outcome::Cold(format!(
+            "the zygote's proc failed before it ran: {v}"
+        )));
+    }
+    let listener = fds.pop().expect("two");
+    let pidfd = fds.pop().expect("two");
+    let pid = pid_of(pidfd.as_fd())
+        .ok_or_else(|| PoolError::Setup("the proc's pidfd names no pid".into()))?;
+    Ok(Outcome::Warm(Started {
+        pid,
+        pidfd,
+        listener,
+        go: conn,
+        ended,
+        zygote,
+    }))
+}
+
+/// The pid a pidfd refers to, in our pid namespace (its fdinfo).
+fn pid_of(pidfd: BorrowedFd<'_>) -> Option<i32> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("Pid:"))
+        .and_then(|p| p.trim().parse().ok())
+        .filter(|&p| p > 0)
+}
+
+/// The pool's zygotes, one line each.
+pub fn status() -> Result<Vec<wire::ZygoteStatus>, PoolError> {
+    let conn = connect()?;
+    wire::send(conn.as_fd(), &wire::Request::Status, &[])?;
+    match wire::recv(conn.as_fd())? {
+        Some((v, _)) => Ok(v),
+        None => Err(PoolError::Refused(
+            "the pool refused the request (another uid's pool?)".into(),
+        )),
+    }
+}
+
+/// Ask the pool to stop.
+pub fn stop() -> Result<(), PoolError> {
+    let conn = connect()?;
+    wire::send(conn.as_fd(), &wire::Request::Stop, &[])?;
+    let _ = wire::recv_raw(conn.as_fd())?;
+    Ok(())
+}
+
+/// The environment as `(key, value)` pairs, for [`crate::choose`].
+pub fn env_pairs(env: &[&[u8]]) -> Vec<(OsString, OsString)> {
+    env.iter()
+        .map(|kv| {
+            let (k, v) = match kv.iter().position(|&b| b == b'=') {
+                Some(i) => (&kv[..i], &kv[i + 1..]),
+                None => (&kv[..], &b""[..]),
+            };
+            (
+                std::ffi::OsStr::from_bytes(k).to_owned(),
+                std::ffi::OsStr::from_bytes(v).to_owned(),
+            )
+        })
+        .collect()
+}

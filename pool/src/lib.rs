@@ -1,0 +1,73 @@
+//! Warm procs: a resident pool of Python zygotes that fork pre-initialised procs.
+//!
+//! The pool (`sigma-supervise pool`) runs with its user's rights and serves only that user
+//! (SO_PEERCRED) on a socket in a directory only the user can open ([`socket_path`]). For each
+//! interpreter it keeps zygotes, each a `python3` that has imported its preloads and frozen its
+//! heap, made ahead of any request. A client (`sigma-supervise python3 script.py`) stays the
+//! proc's supervisor: it compiles the proc's filter as for a cold run, asks, and gets back the
+//! forked proc's pidfd and its own seccomp listener:
+//!
+//! ```text
+//! client ── Run{python, imports, startup} ──▶ pool: peer's uid = ours? a zygote whose preloads ⊆
+//!   │                                         │    imports, same interpreter, PYTHON*, locale?
+//!   │◀──────────────── Cold{why} ─────────────┤    (no: the client runs cold, and says why)
+//!   │◀──────────────── Warm{zygote} ──────────┘    yes: the connection is passed to the zygote
+//!   ├─ Spawn{argv, env, cwd, umask, filter} + stdin/stdout/stderr + report pipe ──▶ zygote
+//!   │                                                         fork ─▶ proc: stdio, fds closed,
+//!   │◀──────────────── {pid} + pidfd + listener ───────────────────── filter (NEW_LISTENER)
+//!   ├─ "g" (the client's receive loop is ready) ────────────────────▶ identity, reseed, run
+//!   │                                                                 as `python3 script.py`
+//!   ◀── report pipe: how the proc ended (two bytes) ◀── zygote reaps it
+//! ```
+//!
+//! `wire.rs` is the framing and the messages (a leaf), [`choose`] which runs may be warm,
+//! `zygote.rs` + `zygote.py` a zygote, [`server`] the pool, [`client`] the client's side.
+//! Nothing here decides syscalls: the filter is the client's, compiled as for a cold run.
+#![deny(unsafe_code)]
+
+pub mod choose;
+pub mod cli;
+pub mod client;
+pub mod server;
+pub mod wire;
+mod zygote;
+
+use std::path::PathBuf;
+
+/// What can go wrong between a client, the pool and its zygotes: one line each.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("no pool is running (start one with `sigma-supervise pool`)")]
+    NoPool,
+    #[error("{what}: {errno}")]
+    Io {
+        what: &'static str,
+        #[source]
+        errno: nix::errno::Errno,
+    },
+    #[error("the pool's message is not understood: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Refused(String),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// The directory of the pool's socket: `$XDG_RUNTIME_DIR/sigma-supervise` (a user's), or
+/// `/run/sigma-supervise` for root (and for a user without XDG_RUNTIME_DIR, under /tmp with
+/// the uid in the name). Mode 0700: no other user can open the socket.
+pub fn socket_dir() -> PathBuf {
+    let uid = nix::unistd::getuid();
+    if uid.is_root() {
+        return PathBuf::from("/run/sigma-supervise");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("sigma-supervise"),
+        _ => std::env::temp_dir().join(format!("sigma-supervise-{uid}")),
+    }
+}
+
+/// The pool's socket (SOCK_SEQPACKET).
+pub fn socket_path() -> PathBuf {
+    socket_dir().join("pool.sock")
+}

@@ -1,0 +1,227 @@
+//! The pool: `sigma-supervise pool` in the foreground. It makes its socket's directory (0700,
+//! ours), starts the zygotes (one without preloads, one per `--preload` set), then answers
+//! connections one at a time: a peer of another uid is refused, a run is handed to the zygote
+//! with the most preloads that fit, `--status` and `--stop` are answered. A zygote found dead
+//! is restarted after the run that found it was told to go cold.
+#![forbid(unsafe_code)]
+
+use crate::zygote::Zygote;
+use crate::{choose, wire, PoolError};
+use nix::sys::socket::{
+    accept4, bind, getsockopt, listen, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
+    UnixAddr,
+};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+
+/// What the pool keeps warm.
+#[derive(Debug, Clone)]
+pub struct PoolOpts {
+    /// The interpreter (as named; resolved on PATH).
+    pub python: PathBuf,
+    /// One zygote per set, besides the one without preloads.
+    pub preloads: Vec<Vec<String>>,
+}
+
+/// Make the socket's directory ours and 0700, refusing one that another user owns.
+fn own_dir(dir: &Path) -> Result<(), PoolError> {
+    let setup =
+        |what: &str, e: std::io::Error| PoolError::Setup(format!("{what} {}: {e}", dir.display()));
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(setup("cannot create", e)),
+    }
+    let m = std::fs::symlink_metadata(dir).map_err(|e| setup("cannot read", e))?;
+    if !m.is_dir() || m.uid() != nix::unistd::getuid().as_raw() {
+        return Err(PoolError::Setup(format!(
+            "{} is not a directory of ours: remove it or set XDG_RUNTIME_DIR",
+            dir.display()
+        )));
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| setup("cannot chmod", e))
+}
+
+fn listen_on(path: &Path) -> Result<OwnedFd, PoolError> {
+    let io = |what, errno| PoolError::Io { what, errno };
+    if crate::client::connect().is_ok() {
+        return Err(PoolError::Setup(format!(
+            "a pool already serves {}",
+            path.display()
+        )));
+    }
+    let _ = std::fs::remove_file(path);
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| io("socket", e))?;
+    let addr = UnixAddr::new(path).map_err(|e| io("socket path", e))?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).map_err(|e| io("bind", e))?;
+    listen(&fd, Backlog::new(128).expect("backlog")).map_err(|e| io("listen", e))?;
+    Ok(fd)
+}
+
+struct Pool {
+    python: PathBuf,
+    zygotes: Vec<Zygote>,
+}
+
+impl Pool {
+    /// Answer one connection; true when asked to stop.
+    fn answer(&mut self, conn: OwnedFd) -> Result<bool, PoolError> {
+        let cred = getsockopt(&conn, sockopt::PeerCredentials).map_err(|errno| PoolError::Io {
+            what: "SO_PEERCRED",
+            errno,
+        })?;
+        let ours = nix::unistd::getuid().as_raw();
+        if cred.uid() != ours {
+            tracing::warn!(
+                "refused a connection of uid {} (this pool serves uid {ours})",
+                cred.uid()
+            );
+            let why = format!("the pool serves uid {ours} only");
+            let _ = wire::send(conn.as_fd(), &wire::Answer::Cold { why }, &[]);
+            return Ok(false);
+        }
+        let Some((req, _)) = wire::recv::<wire::Request>(conn.as_fd())? else {
+            return Ok(false);
+        };
+        match req {
+            wire::Request::Stop => {
+                let _ = wire::send_raw(conn.as_fd(), b"\"stopping\"", &[]);
+                Ok(true)
+            }
+            wire::Request::Status => {
+                let all: Vec<wire::ZygoteStatus> = self
+                    .zygotes
+                    .iter_mut()
+                    .map(|z| wire::ZygoteStatus {
+                        python: z.python.display().to_string(),
+                        preloads: z.preloads.clone(),
+                        pid: z.pid(),
+                        forks: z.forks,
+                        alive: z.alive(),
+                    })
+                    .collect();
+                wire::send(conn.as_fd(), &all, &[])?;
+                Ok(false)
+            }
+            wire::Request::Run {
+                python,
+                imports,
+                startup,
+            } => {
+                self.run(conn.as_fd(), &python, &imports, &startup)?;
+                Ok(false)
+            }
+        }
+    }
+
+    fn run(
+        &mut self,
+        conn: BorrowedFd<'_>,
+        python: &str,
+        imports: &[String],
+        startup: &[String],
+    ) -> Result<(), PoolError> {
+        let cold = |why: String| wire::send(conn, &wire::Answer::Cold { why }, &[]);
+        if Path::new(python) != self.python {
+            return cold(format!(
+                "the pool's interpreter is {}",
+                self.python.display()
+            ));
+        }
+        let best = self
+            .zygotes
+            .iter()
+            .enumerate()
+            .filter(|(_, z)| choose::preloads_fit(&z.preloads, imports))
+            .max_by_key(|(_, z)| z.preloads.len())
+            .map(|(i, _)| i);
+        let Some(i) = best else {
+            return cold("no zygote's preloads are among the program's imports".into());
+        };
+        if self.zygotes[i].startup != startup {
+            return cold("the PYTHON* or locale variables differ from the pool's".into());
+        }
+        let z = &mut self.zygotes[i];
+        if !z.alive() || z.hand(conn).is_err() {
+            let why = format!("the zygote {} is gone (restarted)", z.describe());
+            cold(why)?;
+            let (python, preloads) = (z.python.clone(), z.preloads.clone());
+            self.zygotes[i] = Zygote::start(python, preloads)?;
+            return Ok(());
+        }
+        wire::send(
+            conn,
+            &wire::Answer::Warm {
+                zygote: self.zygotes[i].describe(),
+            },
+            &[],
+        )
+    }
+}
+
+/// Run the pool in the foreground until `--stop` (or a signal).
+pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
+    let python = which(&opts.python)?;
+    own_dir(&crate::socket_dir())?;
+    let path = crate::socket_path();
+    let listener = listen_on(&path)?;
+    let mut zygotes = vec![Zygote::start(python.clone(), Vec::new())?];
+    for set in &opts.preloads {
+        zygotes.push(Zygote::start(python.clone(), set.clone())?);
+    }
+    for z in &zygotes {
+        eprintln!("sigma-supervise pool: zygote {}", z.describe());
+    }
+    eprintln!(
+        "sigma-supervise pool: serving uid {} on {}",
+        nix::unistd::getuid(),
+        path.display()
+    );
+    let mut pool = Pool { python, zygotes };
+    loop {
+        let conn = match accept4(
+            std::os::fd::AsRawFd::as_raw_fd(&listener),
+            SockFlag::SOCK_CLOEXEC,
+        ) {
+            Ok(fd) => wire::accepted(fd),
+            Err(nix::errno::Errno::EINTR | nix::errno::Errno::ECONNABORTED) => continue,
+            Err(errno) => {
+                return Err(PoolError::Io {
+                    what: "accept",
+                    errno,
+                })
+            }
+        };
+        match pool.answer(conn) {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => tracing::warn!("pool: {e}"),
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    Ok(())
+}
+
+/// PROGRAM resolved on PATH, then to its real path (what a client's interpreter is compared by).
+pub fn which(program: &Path) -> Result<PathBuf, PoolError> {
+    let found = if program.components().count() > 1 {
+        Some(program.to_path_buf())
+    } else {
+        std::env::var_os("PATH")
+            .iter()
+            .flat_map(std::env::split_paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    };
+    found
+        .and_then(|p| std::fs::canonicalize(p).ok())
+        .ok_or_else(|| PoolError::Setup(format!("{} not found", program.display())))
+}

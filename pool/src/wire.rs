@@ -1,0 +1,170 @@
+//! The pool's messages: one JSON value per SEQPACKET datagram, descriptors beside it
+//! (SCM_RIGHTS). The same framing on every socket of the pool (client ↔ pool, pool ↔ zygote,
+//! client ↔ the forked proc), so the Python side reads it with `socket.recv_fds`.
+#![allow(unsafe_code)]
+
+use crate::PoolError;
+use nix::errno::Errno;
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde::{de::DeserializeOwned, Serialize};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// The largest message: a request with the compiled filter and the environment.
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// Send `value` with `fds` (each stays open here).
+pub fn send<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    value: &T,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), PoolError> {
+    let bytes = serde_json::to_vec(value).map_err(|e| PoolError::Protocol(e.to_string()))?;
+    send_raw(sock, &bytes, fds)
+}
+
+/// Send `bytes` as one datagram with `fds`.
+pub fn send_raw(
+    sock: BorrowedFd<'_>,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), PoolError> {
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let iov = [IoSlice::new(bytes)];
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &cmsg };
+    loop {
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+            Ok(_) => return Ok(()),
+            Err(Errno::EINTR) => continue,
+            Err(e) => {
+                return Err(PoolError::Io {
+                    what: "sending to the pool's socket",
+                    errno: e,
+                })
+            }
+        }
+    }
+}
+
+/// A datagram's bytes and the descriptors that came with it.
+pub type Datagram = (Vec<u8>, Vec<OwnedFd>);
+
+/// One datagram and the descriptors that came with it (owned at once, so none leaks);
+/// `Ok(None)` at EOF.
+pub fn recv_raw(sock: BorrowedFd<'_>) -> Result<Option<Datagram>, PoolError> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut space = nix::cmsg_space!([RawFd; 16]);
+    loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(m) => {
+                let n = m.bytes;
+                let mut fds = Vec::new();
+                for c in m.cmsgs().map_err(|e| PoolError::Io {
+                    what: "reading descriptors",
+                    errno: e,
+                })? {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        for fd in raw {
+                            // SAFETY: SCM_RIGHTS just installed `fd` in our table for this
+                            // message alone; nothing else owns it.
+                            fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                        }
+                    }
+                }
+                if n == 0 && fds.is_empty() {
+                    return Ok(None);
+                }
+                buf.truncate(n);
+                return Ok(Some((buf, fds)));
+            }
+            Err(Errno::EINTR) => continue,
+            Err(Errno::ECONNRESET) => return Ok(None),
+            Err(e) => {
+                return Err(PoolError::Io {
+                    what: "reading the pool's socket",
+                    errno: e,
+                })
+            }
+        }
+    }
+}
+
+/// One JSON message and its descriptors; `Ok(None)` at EOF.
+pub fn recv<T: DeserializeOwned>(
+    sock: BorrowedFd<'_>,
+) -> Result<Option<(T, Vec<OwnedFd>)>, PoolError> {
+    match recv_raw(sock)? {
+        None => Ok(None),
+        Some((bytes, fds)) => {
+            let v =
+                serde_json::from_slice(&bytes).map_err(|e| PoolError::Protocol(e.to_string()))?;
+            Ok(Some((v, fds)))
+        }
+    }
+}
+
+/// The first message of a connection to the pool.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+pub enum Request {
+    /// A warm proc of `python` (its real path) for a program that imports `imports`; `startup`
+    /// is the client's PYTHON*, LANG and LC_* (read by the interpreter at start-up).
+    Run {
+        python: String,
+        imports: Vec<String>,
+        startup: Vec<String>,
+    },
+    Status,
+    Stop,
+}
+
+/// The pool's answer to [`Request::Run`]: the connection now belongs to a zygote, or the run
+/// takes the cold path and why.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Answer {
+    Warm { zygote: String },
+    Cold { why: String },
+}
+
+/// What the client tells the zygote (with stdin, stdout, stderr and the report pipe's write
+/// end): byte strings as hex, as the program sees them.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Spawn {
+    pub argv: Vec<String>,
+    pub env: Vec<String>,
+    pub cwd: String,
+    pub umask: u32,
+    /// The proc's compiled filter (native `struct sock_filter` array).
+    pub filter: String,
+    /// The numbers the descriptors after the first four take in the proc.
+    pub fds: Vec<i32>,
+}
+
+/// A zygote as `--status` shows it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ZygoteStatus {
+    pub python: String,
+    pub preloads: Vec<String>,
+    pub pid: i32,
+    pub forks: u64,
+    pub alive: bool,
+}
+
+/// A descriptor accept4(2) just made, owned.
+pub fn accepted(fd: RawFd) -> OwnedFd {
+    // SAFETY: called only with the descriptor accept4 returned, which nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Hex of a byte string (argv, environ and the filter travel as such).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

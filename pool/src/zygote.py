@@ -1,0 +1,202 @@
+# The zygote: `python3 -c <this> CTL_FD PRELOADS`, started by the pool (zygote.rs).
+# It imports PRELOADS (comma-separated), freezes the heap, says "ready" on CTL_FD, then for each
+# client connection the pool passes it: reads the client's request (identity, the compiled
+# filter, stdio and the report pipe), forks, and in the child installs the proc's filter with
+# its own listener, hands pidfd + listener to the client, waits for "go", takes the identity
+# and runs the program as `python3 script.py` / `python3 -c CODE` would. The parent reaps the
+# child and writes how it ended to the client's report pipe (jail::init::Ended's two bytes).
+# Nothing here is left in sys.modules for the program but what the preloads imported.
+_BASE_MAIN = dict(globals())
+import sys
+
+
+def _zygote():
+    # Locals, not globals: the child empties __main__'s namespace for the program.
+    import sys
+    base_main = _BASE_MAIN
+    ctl_fd = int(sys.argv[1])
+    preloads = [p for p in sys.argv[2].split(",") if p]
+    for name in preloads:
+        __import__(name)
+    keep = set(sys.modules)
+    import os, gc, json, signal, socket, ctypes, threading, io, fcntl
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: the pool's end is ours
+    nr_seccomp = {"x86_64": 317, "aarch64": 277}[os.uname().machine]
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    ctl = socket.socket(fileno=ctl_fd)
+    ended = {}  # child pid -> the client's report pipe
+
+    def reap(*_):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            fd = ended.pop(pid, None)
+            if fd is None:
+                continue
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+                report = bytes([(128 + sig) & 0xFF, sig])
+            else:
+                report = bytes([os.WEXITSTATUS(status) & 0xFF, 0])
+            try:
+                os.write(fd, report)
+            except OSError:
+                pass
+            os.close(fd)
+
+    signal.signal(signal.SIGCHLD, reap)
+
+    def install(prog):
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            return -ctypes.get_errno()
+        buf = ctypes.create_string_buffer(prog, len(prog))
+        fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+        # SECCOMP_SET_MODE_FILTER, NEW_LISTENER | WAIT_KILLABLE_RECV (then without the latter).
+        for flags in ((1 << 3) | (1 << 5), 1 << 3):
+            r = libc.syscall(ctypes.c_long(nr_seccomp), ctypes.c_long(1), ctypes.c_long(flags),
+                             ctypes.byref(fprog))
+            if r >= 0:
+                return r
+        return -ctypes.get_errno()
+
+    def stdio(fd, mode, name, old):
+        raw = io.FileIO(fd, mode + "b", closefd=False)
+        raw.name = name
+        # As the interpreter makes them at start-up (PYTHONUNBUFFERED, -u: writes unbuffered).
+        unbuffered = mode == "w" and old.write_through
+        if unbuffered:
+            buf = raw
+        else:
+            buf = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
+        line = mode == "w" and not unbuffered and (raw.isatty() or fd == 2)
+        t = io.TextIOWrapper(buf, encoding=old.encoding, errors=old.errors, newline="\n",
+                             line_buffering=line, write_through=unbuffered)
+        t.mode = mode
+        return t
+
+    def child(conn, req, fds):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for i in range(3):
+            os.dup2(fds[i], i)
+        # The inherited descriptors at their numbers: first all out of the way, then placed.
+        cfd = conn.fileno()
+        above = max(req["fds"], default=2) + 1
+        if cfd in req["fds"]:
+            conn = socket.socket(fileno=fcntl.fcntl(cfd, fcntl.F_DUPFD_CLOEXEC, above))
+            cfd = conn.fileno()
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, above) for fd in fds[4:]]
+        for fd, n in zip(high, req["fds"]):
+            os.dup2(fd, n, inheritable=True)
+        keep_fds = sorted(set(req["fds"]) | {cfd})
+        last = 2
+        for fd in keep_fds:
+            os.closerange(last + 1, fd)
+            last = fd
+        os.closerange(last + 1, 1 << 20)
+        sys.stdin = sys.__stdin__ = stdio(0, "r", "<stdin>", sys.__stdin__)
+        sys.stdout = sys.__stdout__ = stdio(1, "w", "<stdout>", sys.__stdout__)
+        sys.stderr = sys.__stderr__ = stdio(2, "w", "<stderr>", sys.__stderr__)
+        pidfd = os.pidfd_open(os.getpid())
+        listener = install(bytes.fromhex(req["filter"]))
+        if listener < 0:
+            conn.send(json.dumps({"error": "installing the seccomp filter", "errno": -listener}).encode())
+            os._exit(125)
+        socket.send_fds(conn, [json.dumps({"pid": os.getpid()}).encode()], [pidfd, listener])
+        os.close(listener)
+        os.close(pidfd)
+        if conn.recv(1) != b"g":
+            os._exit(125)
+        conn.close()
+        # The identity: umask, cwd, environ, argv, sys.path[0]; fresh random state.
+        os.umask(req["umask"])
+        os.chdir(os.fsdecode(bytes.fromhex(req["cwd"])))
+        os.environb.clear()
+        for kv in req["env"]:
+            k, _, v = bytes.fromhex(kv).partition(b"=")
+            os.environb[k] = v
+        argv = [os.fsdecode(bytes.fromhex(a)) for a in req["argv"]]
+        sys.orig_argv = argv
+        for name in [m for m in sys.modules if m not in keep]:
+            del sys.modules[name]
+        if "random" in sys.modules:
+            sys.modules["random"].seed()
+        if "numpy.random" in sys.modules:
+            sys.modules["numpy.random"].seed()
+        main = sys.modules["__main__"]
+        g = main.__dict__
+        g.clear()
+        g.update(base_main)
+        if argv[1] == "-c":
+            sys.argv = ["-c"] + argv[3:]
+            code = compile(argv[2], "<string>", "exec", dont_inherit=True)
+        else:
+            sys.argv = argv[1:]
+            # As the interpreter names it (3.9+): __file__ and tracebacks say the absolute path.
+            script = os.path.abspath(argv[1])
+            sys.path[0] = os.path.dirname(os.path.realpath(script))
+            with open(script, "rb") as f:
+                source = f.read()
+            loader = sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", script)
+            g.update(__file__=script, __cached__=None, __loader__=loader)
+            code = compile(source, script, "exec", dont_inherit=True)
+        gc.enable()
+        try:
+            exec(code, g)
+        except SystemExit:
+            raise
+        except BaseException as e:
+            # Reported as the interpreter reports it, without this frame.
+            e.__traceback__ = e.__traceback__.tb_next
+            sys.excepthook(type(e), e, e.__traceback__)
+            raise SystemExit(1)
+        raise SystemExit(0)
+
+    if threading.active_count() != 1:
+        print("zygote: a preload started a thread; not forking", file=sys.stderr)
+        os._exit(3)
+    gc.collect()
+    gc.freeze()
+    ctl.send(b"ready")
+    while True:
+        try:
+            _, fds, _, _ = socket.recv_fds(ctl, 16, 1)
+        except InterruptedError:
+            continue
+        if not fds:
+            os._exit(0)  # the pool is gone
+        conn = socket.socket(fileno=fds[0])
+        try:
+            msg, cfds, _, _ = socket.recv_fds(conn, 1 << 20, 16)
+            req = json.loads(msg)
+        except (OSError, ValueError):
+            msg, cfds, req = b"", [], {}
+        if not msg or len(cfds) != 4 + len(req.get("fds", [])):
+            for fd in cfds:
+                os.close(fd)
+            conn.close()
+            continue
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+        pid = os.fork()
+        if pid == 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+            child(conn, req, cfds)
+        ended[pid] = cfds[3]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        for fd in cfds[:3]:
+            os.close(fd)
+        conn.close()
+
+
+_zygote()
