@@ -46,6 +46,23 @@ fn become_user(uid: u32, gid: u32) -> Result<(), Errno> {
     Ok(())
 }
 
+/// In the target, before its execve: a session and process group of the proc's own, inside its
+/// pid namespace (`getsid`, `getpgrp` name the target, not 0 for a leader outside it), where
+/// that costs nothing: with no terminal on stdio. A terminal is the controlling terminal of one
+/// session only, the user's shell's; a new session would lose it (^C, ^Z, job control).
+pub fn own_session_without_terminal() {
+    let terminal = [
+        std::io::stdin().as_fd(),
+        std::io::stdout().as_fd(),
+        std::io::stderr().as_fd(),
+    ]
+    .into_iter()
+    .any(|fd| nix::unistd::isatty(fd).unwrap_or(false));
+    if !terminal {
+        let _ = nix::unistd::setsid();
+    }
+}
+
 /// The proc's own network namespace with loopback up (the plan's [`Step::Loopback`]), made by
 /// the target while init builds the root: creating a network namespace is the most expensive
 /// part of the jail (~0.5 ms), and this way it costs no wall time where a second CPU is free.

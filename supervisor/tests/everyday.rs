@@ -619,7 +619,8 @@ read_until(b"interrupted", 30)
 _, status = os.waitpid(pid, 0)
 print("interrupted" if b"interrupted" in out else out, os.waitstatus_to_exitcode(status))
 "#;
-    let prog = "import sys, time\nprint('ready', flush=True)\ntry:\n    time.sleep(60)\n\
+    // "ready" inside the try: ^C may arrive as soon as it is out.
+    let prog = "import sys, time\ntry:\n    print('ready', flush=True)\n    time.sleep(60)\n\
                 except KeyboardInterrupt:\n    print('interrupted', flush=True)\n    sys.exit(3)\n";
     let sup = PathBuf::from(env!("CARGO_BIN_EXE_sigma-supervise"));
     let py = user.python.as_os_str();

@@ -3,10 +3,8 @@
 //! path is refused with its errno, anything else continues. The profile lets only AF_UNIX
 //! stream/seqpacket sockets be made (`socket` by argument), so the network stays σOS's.
 //!
-//! Where the proc has a network namespace of its own the profile also lets it make TCP and UDP
-//! sockets (`needs = "own-net"`): their addresses continue, the namespace (loopback only) is
-//! all they reach. Without a jail no such socket can be made, and an inet address is refused.
-//!
+//! TCP/UDP sockets exist only in a network namespace of the proc's own (`needs = "own-net"`):
+//! their addresses continue in the jail; without one an inet address is refused.
 //! Abstract names (a leading NUL) are not paths. Inside the σcontainer they belong to its
 //! network namespace, so they continue. Without a jail they would reach the host's services:
 //! a proc may then connect only to abstract names its own processes bound.
@@ -104,9 +102,7 @@ pub fn handle(
         .inspect_err(|e| info.decision = Some(Decision::Error(*e as i32)))?;
     let continue_ = Ok(Reply::Respond(Response::continue_unchecked()));
     match addr {
-        // An inet socket exists only where the profile let the proc make one: in its own
-        // network namespace, which is all the address can reach (or an AF_UNIX socket, which
-        // the kernel refuses it with EINVAL).
+        // Only in the proc's own network namespace (on an AF_UNIX socket: the kernel's EINVAL).
         Addr::Inet if sh.jailed() => {
             info.decision = Some(Decision::Continue);
             continue_

@@ -132,20 +132,7 @@ fn jailed_target(
     let _ = old_mask.thread_set_mask();
     sys::default_disposition(Signal::SIGPIPE);
     let _ = sys::set_parent_death_kill();
-    // A session and process group of the proc's own, inside its pid namespace (getsid and
-    // getpgrp say 2, not 0 for a leader outside it), where that costs nothing: with no
-    // terminal on stdio. A terminal is the controlling terminal of one session only, the
-    // user's shell's; a new session would lose it (^C, ^Z, job control: TRANSPARENCY.md).
-    let terminal = [
-        std::io::stdin().as_fd(),
-        std::io::stdout().as_fd(),
-        std::io::stderr().as_fd(),
-    ]
-    .into_iter()
-    .any(|fd| nix::unistd::isatty(fd).unwrap_or(false));
-    if !terminal {
-        let _ = nix::unistd::setsid();
-    }
+    jail::world::own_session_without_terminal();
     if let Err(e) = jail::world::private_net(plan) {
         jsend(status, J_JAIL_STAGE, e.step, e.detail, e.errno);
         sys::exit_now(125)
