@@ -12,6 +12,17 @@ use crate::sys;
 use nix::errno::Errno;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
+/// Whether `dir` can be idmapped as a run's binds are (doctor's probe): the same namespace and
+/// calls, the tree dropped unattached.
+pub(crate) fn probe(dir: &std::path::Path) -> Result<(), String> {
+    let c =
+        std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+    let userns = mapping_userns(0x7000_0000, 0x7000_0000)?;
+    let tree = sys::clone_tree(&c).map_err(|e| format!("open_tree: {}", e.desc()))?;
+    sys::idmap_tree(tree.as_fd(), userns.as_fd())
+        .map_err(|e| format!("mount_setattr: {}", e.desc()))
+}
+
 /// A user namespace mapping inside 0 to the proc's host ids, as an fd (a short-lived helper
 /// process makes it).
 fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, String> {

@@ -45,6 +45,7 @@ pub mod death;
 pub mod env;
 mod error;
 pub mod guard;
+pub mod host;
 pub mod hostid;
 mod idmap;
 pub mod init;
@@ -109,6 +110,9 @@ impl Plan {
 
 /// Whether user namespaces can be made here; the reason when not.
 pub fn userns_available() -> Result<(), String> {
+    if host::hook("USERNS") {
+        return Err("SIGMA_SUPERVISE_TEST_NO_USERNS=1".into());
+    }
     let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned());
     if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
         return Err("user.max_user_namespaces is 0".into());
@@ -141,6 +145,9 @@ pub fn cloexec_fds_from_except(first: u32, keep: &[u32]) {
 /// The Landlock ABI version of this kernel (0 when Landlock is off or missing). Signal and
 /// abstract-socket scoping need 6.
 pub fn landlock_abi() -> i64 {
+    if host::hook("LANDLOCK") {
+        return 0;
+    }
     sys::landlock_abi()
 }
 

@@ -110,7 +110,7 @@ impl Drop for Cgroup {
 
 /// The hierarchy carrying `ctrl`: cgroup v2 at /sys/fs/cgroup when it lists the controller,
 /// else the v1 mount of that controller.
-fn hierarchy(ctrl: &str) -> Option<(PathBuf, bool)> {
+pub(crate) fn hierarchy(ctrl: &str) -> Option<(PathBuf, bool)> {
     let v2 = Path::new("/sys/fs/cgroup");
     if let Ok(s) = std::fs::read_to_string(v2.join("cgroup.controllers")) {
         if s.split_whitespace().any(|c| c == ctrl) {

@@ -224,9 +224,11 @@ impl JailOpts {
             memory: self.memory,
             cpus: self.cpus,
         };
-        spec.landlock = !self.no_landlock;
-        if spec.landlock {
-            match jail::landlock_abi() {
+        // Landlock where the kernel has it (jail::host::landlock says the same to doctor).
+        let abi = jail::landlock_abi();
+        spec.landlock = !self.no_landlock && abi > 0;
+        if !self.no_landlock {
+            match abi {
                 0 => eprintln!(
                     "sigma-supervise: warning: Landlock is not available on this kernel: the \
                      jail runs without its second layer"

@@ -1,0 +1,234 @@
+//! What this host gives the jail, found by the calls a run makes (`sigma-supervise doctor`
+//! prints them): user namespaces ([`crate::userns_available`], which the spawn checks first),
+//! the Landlock ABI ([`crate::landlock_abi`], which decides the second layer), the cgroup
+//! hierarchy of `--memory`/`--cpus` ([`crate::limits`]), idmapped binds for a root supervisor
+//! (the supervisor's own id-mapping namespace and `mount_setattr`), seccomp user-notify and
+//! SYNC_WAKE_UP (a probe target's listener, the call the receive loop makes).
+//!
+//! Test hooks, read only by these probes: `SIGMA_SUPERVISE_TEST_NO_USERNS=1` and
+//! `SIGMA_SUPERVISE_TEST_NO_LANDLOCK=1` make the host look like one without them, for the run
+//! and for doctor alike.
+#![forbid(unsafe_code)]
+
+use std::path::Path;
+
+/// One line of doctor's report: a feature, what a run uses for it, and what changes a fallback.
+#[derive(Debug, Clone)]
+pub struct Finding {
+    pub feature: &'static str,
+    /// Whether a run gets the feature itself (not a fallback).
+    pub ok: bool,
+    /// What a run uses, and why.
+    pub uses: String,
+    /// The flag, package or setting that changes a fallback.
+    pub fix: Option<String>,
+}
+
+impl Finding {
+    pub fn new(feature: &'static str, ok: bool, uses: impl Into<String>) -> Self {
+        let uses = uses.into();
+        Finding {
+            feature,
+            ok,
+            uses,
+            fix: None,
+        }
+    }
+
+    pub fn fix(mut self, fix: impl Into<String>) -> Self {
+        self.fix = Some(fix.into());
+        self
+    }
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mark = if self.ok { "ok  " } else { "note" };
+        write!(f, "{mark} {}: {}", self.feature, self.uses)?;
+        match &self.fix {
+            Some(fix) => write!(f, " (to change: {fix})"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Whether a test hook turns `what` off (`SIGMA_SUPERVISE_TEST_NO_<WHAT>=1`).
+pub(crate) fn hook(what: &str) -> bool {
+    std::env::var_os(format!("SIGMA_SUPERVISE_TEST_NO_{what}")).is_some_and(|v| v == "1")
+}
+
+/// The kernel's release (`uname -r`).
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// User namespaces for this user: without them no proc can be jailed.
+pub fn userns() -> Finding {
+    let who = if nix::unistd::geteuid().is_root() {
+        "root"
+    } else {
+        "this user"
+    };
+    match crate::userns_available() {
+        Ok(()) => Finding::new(
+            "user namespaces",
+            true,
+            format!("available to {who}: every proc is jailed"),
+        ),
+        Err(why) => Finding::new(
+            "user namespaces",
+            false,
+            format!("unavailable to {who} ({why}): a proc cannot be jailed; runs fail"),
+        )
+        .fix(
+            "sysctl user.max_user_namespaces=15000 kernel.unprivileged_userns_clone=1; \
+             --no-jail runs unconfined by namespaces (debugging only)",
+        ),
+    }
+}
+
+/// The Landlock ABI: the jail's second layer, whole at ABI 6.
+pub fn landlock() -> Finding {
+    match crate::landlock_abi() {
+        0 => Finding::new(
+            "Landlock",
+            false,
+            "not available on this kernel: the jail runs without its second layer \
+             (namespaces and seccomp only)",
+        )
+        .fix("a kernel with CONFIG_SECURITY_LANDLOCK and `landlock` in its lsm= list"),
+        n if n < 6 => Finding::new(
+            "Landlock",
+            false,
+            format!(
+                "ABI {n} (< 6): files confined; signals and abstract sockets scoped by the pid \
+                 and network namespaces only"
+            ),
+        )
+        .fix("Linux 6.12 or later (ABI 6)"),
+        n => Finding::new(
+            "Landlock",
+            true,
+            format!("ABI {n}: files, signals and abstract sockets"),
+        ),
+    }
+}
+
+/// Where `--memory`/`--cpus` would put their group ([`crate::limits::hierarchy`]).
+pub fn cgroup() -> Finding {
+    let of = |ctrl| crate::limits::hierarchy(ctrl);
+    match (of("memory"), of("cpu")) {
+        (Some((p, true)), Some(_)) => Finding::new(
+            "cgroups",
+            true,
+            format!(
+                "v2 at {} (memory and cpu delegated): --memory and --cpus apply",
+                p.display()
+            ),
+        ),
+        (Some((p, false)), Some(_)) => Finding::new(
+            "cgroups",
+            true,
+            format!(
+                "v1 controllers (memory at {}): --memory and --cpus apply",
+                p.display()
+            ),
+        ),
+        (m, c) => {
+            let missing = [("memory", m.is_none()), ("cpu", c.is_none())]
+                .iter()
+                .filter(|x| x.1)
+                .map(|x| x.0)
+                .collect::<Vec<_>>()
+                .join(" and ");
+            Finding::new(
+                "cgroups",
+                false,
+                format!(
+                    "no writable hierarchy with {missing}: a run given --memory or --cpus fails; \
+                     --pids falls back to RLIMIT_NPROC"
+                ),
+            )
+            .fix("run as root, or under a delegated cgroup v2 subtree (systemd-run --user -p Delegate=yes)")
+        }
+    }
+}
+
+/// Idmapped binds, which a root supervisor makes of `dir` (the working directory, the
+/// script's): the supervisor's id-mapping namespace and `mount_setattr(MOUNT_ATTR_IDMAP)`.
+pub fn idmap(dir: &Path) -> Finding {
+    if !nix::unistd::geteuid().is_root() {
+        return Finding::new(
+            "idmapped mounts",
+            true,
+            "not needed: the proc's ids map to this user's own",
+        );
+    }
+    match crate::idmap::probe(dir) {
+        Ok(()) => Finding::new(
+            "idmapped mounts",
+            true,
+            format!(
+                "{}: root's files there are shown as the proc's own",
+                dir.display()
+            ),
+        ),
+        Err(why) => Finding::new(
+            "idmapped mounts",
+            false,
+            format!(
+                "{} cannot be idmapped ({why}): shown plainly, root's files foreign to the proc",
+                dir.display()
+            ),
+        )
+        .fix("Linux 5.12 or later, a filesystem that supports idmapped mounts (ext4, xfs, btrfs, tmpfs 6.3+)"),
+    }
+}
+
+/// Seccomp user-notify and SYNC_WAKE_UP, on a probe target's listener: the filter a proc
+/// installs and the flag the receive loop sets ([`notify::Listener::set_sync_wakeup`]).
+pub fn seccomp() -> Vec<Finding> {
+    use notify::{Action, FilterSpec, SyscallRule};
+    let filter = FilterSpec {
+        default: Action::Allow,
+        rules: vec![SyscallRule {
+            name: "getppid".into(),
+            action: Action::Notify,
+            when: vec![],
+        }],
+    }
+    .compile();
+    let child = filter.and_then(|f| notify::probe::ProbeChild::spawn(&f, Default::default()));
+    let child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            return vec![Finding::new(
+                "seccomp user-notify",
+                false,
+                format!("unavailable ({e}): nothing can be supervised"),
+            )
+            .fix("Linux 5.9 or later with CONFIG_SECCOMP_FILTER")]
+        }
+    };
+    let notify = Finding::new(
+        "seccomp user-notify",
+        true,
+        "a listener per proc; fds injected by ADDFD (with SEND where the kernel has it, 5.14+)",
+    );
+    let wake = match child.listener().set_sync_wakeup() {
+        Ok(()) => Finding::new(
+            "SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP",
+            true,
+            "set: the target is woken on the answering thread's CPU",
+        ),
+        Err(e) => Finding::new(
+            "SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP",
+            false,
+            format!("unsupported ({e}): each notification pays a cross-CPU wakeup"),
+        )
+        .fix("Linux 6.6 or later"),
+    };
+    vec![notify, wake]
+}
