@@ -32,6 +32,7 @@
 pub mod confine;
 pub mod fill;
 pub mod fuse;
+pub mod host;
 pub mod lazy;
 pub mod realm;
 pub mod serve;

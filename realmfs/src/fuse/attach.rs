@@ -1,7 +1,7 @@
 //! A run's side: the realm snapshot's mount, its server started if none serves it.
 #![forbid(unsafe_code)]
 
-use super::paths::{fusermount, is_fuse, mount_dir, packages_file, serving, stats_file, FUSE_ARG0};
+use super::paths::{is_fuse, mount_dir, packages_file, serving, stats_file, FUSE_ARG0};
 use crate::snapshot::{io, lock_file, LazyError};
 use nix::fcntl::{Flock, FlockArg};
 use std::os::fd::OwnedFd;
@@ -45,10 +45,10 @@ pub fn attach(
 ) -> Result<FuseMount, LazyError> {
     let base = realm_dir.join("fuse");
     std::fs::create_dir_all(&base).map_err(io("create dir", &base))?;
-    if fusermount().is_none() {
+    if let Some(cause) = super::unavailable() {
         return Err(LazyError::Command {
             command: "fusermount3".into(),
-            cause: "not installed (fuse3)".into(),
+            cause,
         });
     }
     // Waits while a server that found itself idle unmounts and exits.

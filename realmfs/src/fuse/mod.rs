@@ -55,3 +55,22 @@ mod tree;
 pub use attach::{attach, FuseMount};
 pub use paths::{FUSE_ARG0, UNMOUNT_ARG0};
 pub use server::{main, unmounter_main};
+
+/// Why this user cannot mount a realm's FUSE server, if it cannot: no `fusermount3`, or a
+/// `/dev/fuse` it may not open (fusermount3 opens it as the user). [`attach`] asks first;
+/// doctor says the same.
+pub fn unavailable() -> Option<String> {
+    if paths::fusermount().is_none() {
+        return Some("fusermount3 is not installed (package fuse3)".into());
+    }
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "/dev/fuse: {e} (it must be 0666, as udev makes it)"
+        )),
+    }
+}

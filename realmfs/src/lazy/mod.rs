@@ -41,3 +41,9 @@ pub use hold::{hold, HOLDER_ARG0};
 pub use image::{image_ready, retire, LazyImage};
 pub use prepare::{prepare_in_background, prepare_main, remember_unavailable, PREP_ARG0};
 pub use server::{FillServer, FillStats};
+
+/// Whether pre-content events can be had on `dir`'s mount: the image's own probe ([`image`]'s
+/// `mark`), for doctor.
+pub(crate) fn pre_content(dir: &std::path::Path) -> Result<(), crate::snapshot::LazyError> {
+    image::mark(dir).map(|_| ())
+}
