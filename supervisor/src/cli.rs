@@ -3,7 +3,7 @@
 //! parses, `run` reads.
 #![forbid(unsafe_code)]
 
-use crate::{completions, container, sigma_api};
+use crate::{completions, container, doctor, sigma_api};
 use clap::{Parser, ValueEnum};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -124,9 +124,12 @@ pub enum Sub {
     Publish(fetcher::cli::PublishArgs),
     /// Shell completions and the man page (hidden).
     Generate(completions::Generate),
+    /// What this host gives each feature of a run (`doctor`).
+    Doctor(doctor::DoctorArgs),
 }
 
 const PUBLISH: &str = "publish";
+const DOCTOR: &str = "doctor";
 const PUBLISH_ABOUT: &str = "Publish wheels, a requirements file or package directories to a \
                              library bucket (archives first, index last)";
 
@@ -136,6 +139,9 @@ const PUBLISH_ABOUT: &str = "Publish wheels, a requirements file or package dire
 impl clap::Subcommand for Sub {
     fn augment_subcommands(cmd: clap::Command) -> clap::Command {
         let cmd = <completions::Generate as clap::Subcommand>::augment_subcommands(cmd);
+        let cmd = cmd.subcommand(<doctor::DoctorArgs as clap::Args>::augment_args(
+            clap::Command::new(DOCTOR),
+        ));
         cmd.subcommand(
             clap::Command::new(PUBLISH)
                 .about(PUBLISH_ABOUT)
@@ -153,7 +159,9 @@ impl clap::Subcommand for Sub {
     }
 
     fn has_subcommand(name: &str) -> bool {
-        name == PUBLISH || <completions::Generate as clap::Subcommand>::has_subcommand(name)
+        name == PUBLISH
+            || name == DOCTOR
+            || <completions::Generate as clap::Subcommand>::has_subcommand(name)
     }
 }
 
@@ -171,6 +179,9 @@ impl clap::FromArgMatches for Sub {
             return completions::Generate::from_arg_matches_mut(matches).map(Sub::Generate);
         }
         match matches.remove_subcommand() {
+            Some((name, mut sub)) if name == DOCTOR => Ok(Sub::Doctor(
+                <doctor::DoctorArgs as clap::FromArgMatches>::from_arg_matches_mut(&mut sub)?,
+            )),
             Some((name, mut sub)) if name == PUBLISH => Ok(Sub::Publish(
                 <fetcher::cli::PublishArgs as clap::FromArgMatches>::from_arg_matches_mut(
                     &mut sub,

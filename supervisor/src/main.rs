@@ -34,6 +34,7 @@ mod cli;
 mod compiled;
 mod completions;
 mod container;
+mod doctor;
 mod failure;
 mod handlers;
 mod on_demand;
@@ -100,6 +101,7 @@ fn main() -> ExitCode {
     jail::mark("parsed");
     match &cli.sub {
         Some(Sub::Publish(args)) => return publish::main(args),
+        Some(Sub::Doctor(args)) => return doctor::main(args),
         Some(Sub::Generate(what)) => {
             return completions::main(what, <Cli as clap::CommandFactory>::command())
         }
