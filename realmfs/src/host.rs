@@ -37,8 +37,15 @@ fn image_unavailable(cache_root: &Path) -> Option<String> {
 /// The backend a realm that is not completely installed is served by, from its second run
 /// (its first fetches the index snapshot and is served by notification; `--lazy` tries at
 /// once). Words as `--stats` prints them on the realm's line.
-pub fn backend(cache_root: &Path, jailed: bool) -> Finding {
+pub fn backend(opts: &crate::realm::RealmOpts, jailed: bool) -> Finding {
     let f = |ok, uses: String| Finding::new("realm backend", ok, uses);
+    if opts.lazy == crate::realm::Lazy::Never {
+        return f(
+            true,
+            "backend notification (lazy backend: off (--lazy=never))".into(),
+        );
+    }
+    let cache_root = &cache_root(opts);
     let root = nix::unistd::geteuid().is_root();
     if !root && !jailed {
         return f(
@@ -126,7 +133,7 @@ pub fn cache_fs(cache_root: &Path) -> Finding {
 }
 
 /// The cache root a run with `opts` uses (`--cache-dir`, else the default).
-pub fn cache_root(opts: &crate::RealmOpts) -> PathBuf {
+pub fn cache_root(opts: &crate::realm::RealmOpts) -> PathBuf {
     opts.cache_dir
         .clone()
         .unwrap_or_else(fetcher::default_cache_root)
@@ -135,7 +142,7 @@ pub fn cache_root(opts: &crate::RealmOpts) -> PathBuf {
 /// The bucket `opts` names (`--bucket`, `SIGMA_LIB_BUCKET`), reached as a run's index snapshot
 /// reaches it: the same store, credentials and `--fetch-timeout`, its index read and parsed
 /// (nothing kept).
-pub fn bucket(opts: &crate::RealmOpts) -> Option<Finding> {
+pub fn bucket(opts: &crate::realm::RealmOpts) -> Option<Finding> {
     use fetcher::store::{lazy::LazyStore, StoreOptions};
     let url = opts.bucket.as_deref()?;
     let cfg = fetcher::FetchConfig {

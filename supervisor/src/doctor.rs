@@ -29,7 +29,7 @@ pub fn main(args: &DoctorArgs) -> ExitCode {
     found.extend([host::cgroup(), host::idmap(&cwd)]);
     found.extend([
         realmfs::host::cache_fs(&root),
-        realmfs::host::backend(&root, jailed),
+        realmfs::host::backend(&args.realm, jailed),
     ]);
     found.extend(realmfs::host::bucket(&args.realm));
     for f in &found {

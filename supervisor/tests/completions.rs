@@ -92,7 +92,14 @@ fn man_pages_show_the_long_help_and_one_page_per_subcommand() {
         .collect();
     names.sort();
     // The hidden subcommands get no page.
-    assert_eq!(names, ["sigma-supervise-publish.1", "sigma-supervise.1"]);
+    assert_eq!(
+        names,
+        [
+            "sigma-supervise-doctor.1",
+            "sigma-supervise-publish.1",
+            "sigma-supervise.1"
+        ]
+    );
 }
 
 #[test]
