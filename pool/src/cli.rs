@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 
 /// Keep Python zygotes warm for this user's runs (foreground; --status, --stop).
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "sigma-supervise pool")]
 pub struct PoolArgs {
     /// A zygote that has imported these modules, comma-separated (repeatable: one zygote per
     /// set; one without preloads is always kept). A run gets the zygote with the most preloads
@@ -23,6 +24,15 @@ pub struct PoolArgs {
     /// Stop the running pool.
     #[arg(long)]
     pub stop: bool,
+}
+
+/// `sigma-supervise pool ...` (the first argument): run it and exit; else return.
+pub fn main_if_asked() {
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|a| a == "pool") {
+        let args = <PoolArgs as clap::Parser>::parse_from(std::env::args_os().skip(1));
+        std::process::exit(i32::from(main(&args)));
+    }
 }
 
 /// Run the subcommand; its exit status.

@@ -25,6 +25,7 @@
 //! Nothing here decides syscalls: the filter is the client's, compiled as for a cold run.
 #![deny(unsafe_code)]
 
+pub mod ask;
 pub mod choose;
 pub mod cli;
 pub mod client;

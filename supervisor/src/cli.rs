@@ -99,6 +99,11 @@ pub struct Cli {
     #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = parse_grace)]
     pub grace: std::time::Duration,
 
+    /// Start the proc from the running pool's zygote (`sigma-supervise pool --help`) or fail;
+    /// without it a running pool is used when the run allows (see --stats).
+    #[arg(long)]
+    pub warm: bool,
+
     /// Do not set SYNC_WAKE_UP on the listener (measurement only).
     #[arg(long, hide = true)]
     pub no_sync_wakeup: bool,

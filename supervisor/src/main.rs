@@ -86,6 +86,7 @@ fn init_logging(verbose: u8) {
 fn main() -> ExitCode {
     // A helper of the realm's (this binary again under a name of its own) runs here and exits.
     realmfs::helper_main();
+    pool::cli::main_if_asked(); // `sigma-supervise pool ...`: the pool, or its --status/--stop
     jail::mark("main");
     // σOS's procd runs this binary as `uproc-trampoline`: its contract becomes the command line.
     let (cli, plan) = match trampoline::cli() {

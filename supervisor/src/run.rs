@@ -163,7 +163,7 @@ pub fn run(cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::E
         );
         readonly::Hints::new(map)
     });
-    let mut child = spawn::spawn(prepared)?;
+    let (mut child, start) = spawn::warm_or_cold(prepared, sendmsg_allowed, cli.warm)?;
     if let Some(r) = &realm {
         r.forked();
     }
@@ -205,6 +205,7 @@ pub fn run(cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::E
             }
         }
     }
+    cli.stats.then(|| eprintln!("sigma-supervise: {start}"));
     let end = api.finish(status, cli.stats, cli.sigma.require_started)?;
     match &plan {
         Some(t) => t.finish(end),

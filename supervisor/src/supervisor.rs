@@ -253,6 +253,7 @@ fn wait_all(
                     }
                 }
                 Err(Errno::EINTR) => {}
+                Err(Errno::ECHILD) if ended.is_some() => break, // a warm proc: its report tells
                 Err(Errno::ECHILD) => {
                     return main_status.ok_or_else(|| anyhow!("lost the child's exit status"))
                 }

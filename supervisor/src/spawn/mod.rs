@@ -22,6 +22,8 @@ pub use child::Child;
 pub use prepared::{find_program, handled_signals, prepare, Prepared, Programs};
 
 use crate::failure::Failure;
+use anyhow::Context as _;
+use std::os::fd::AsFd as _;
 
 /// Fork the child, let it set itself up, and take its listener. Must run while this process has
 /// one thread.
@@ -31,4 +33,38 @@ pub fn spawn(mut p: Prepared) -> Result<Child, Failure> {
         Some(spec) => jailed::spawn_jailed(p, spec),
         None => child::spawn_bare(p),
     }
+}
+
+/// The proc from a pool's zygote if sigma-pool finds the run may be warm (`warm`: it must),
+/// else [`spawn`]; and the start it took, for `--stats`.
+pub fn warm_or_cold(p: Prepared, sendmsg: bool, warm: bool) -> Result<(Child, String), Failure> {
+    let mounts = !(p.hides.is_empty() && p.binds.is_empty() && p.denies.is_empty());
+    let run = pool::ask::Run {
+        argv: p._argv.iter().map(|a| a.as_bytes()).collect(),
+        env: p._envp.iter().map(|a| a.as_bytes()).collect(),
+        filter: p.filter.to_bytes(),
+        fds: p.inherited.iter().map(|f| f.as_fd()).collect(),
+        unlike: [p.jail.is_some(), mounts, !p.passed.is_empty(), !sendmsg],
+    };
+    let (s, said) = pool::ask::ask(run, warm).map_err(anyhow::Error::from)?;
+    let Some(s) = s else {
+        return Ok((spawn(p)?, said));
+    };
+    handled_signals().thread_block().context("sigmask")?;
+    let (status_rx, _) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
+    // Not our child (`jailed`: only its report, the zygote's, tells how it ended).
+    let (listener, go_tx, ended_rx) = (s.listener, Some(s.go), Some(s.ended));
+    let (pid, display, cgroup, host_lock, jailed) = (s.pid, p.display, None, None, true);
+    let child = Child {
+        pid,
+        display,
+        listener,
+        status_rx,
+        go_tx,
+        ended_rx,
+        cgroup,
+        host_lock,
+        jailed,
+    };
+    Ok((child, said))
 }
