@@ -200,7 +200,11 @@ pub fn seccomp() -> Vec<Finding> {
         }],
     }
     .compile();
-    let child = filter.and_then(|f| notify::probe::ProbeChild::spawn(&f, Default::default()));
+    let opts = notify::probe::ProbeOptions {
+        close_results: true,
+        ..Default::default()
+    };
+    let child = filter.and_then(|f| notify::probe::ProbeChild::spawn(&f, opts));
     let child = match child {
         Ok(c) => c,
         Err(e) => {
@@ -212,11 +216,31 @@ pub fn seccomp() -> Vec<Finding> {
             .fix("Linux 5.9 or later with CONFIG_SECCOMP_FILTER")]
         }
     };
-    let notify = Finding::new(
-        "seccomp user-notify",
-        true,
-        "a listener per proc; fds injected by ADDFD (with SEND where the kernel has it, 5.14+)",
-    );
+    // One notified call answered as the open handler answers: a descriptor injected by
+    // NOTIF_ADDFD with SECCOMP_ADDFD_FLAG_SEND.
+    let injected = (|| -> Result<(), String> {
+        child.start(1).map_err(|e| e.to_string())?;
+        let n = child.listener().recv().map_err(|e| e.to_string())?;
+        let null = std::fs::File::open("/dev/null").map_err(|e| e.to_string())?;
+        let sent = child
+            .listener()
+            .addfd_send(n.id, std::os::fd::AsFd::as_fd(&null), true);
+        sent.map(drop).map_err(|e| e.to_string())?;
+        child.finish().map(drop).map_err(|e| e.to_string())
+    })();
+    let notify = match injected {
+        Ok(()) => Finding::new(
+            "seccomp user-notify",
+            true,
+            "a listener per proc; opens served by ADDFD with SECCOMP_ADDFD_FLAG_SEND",
+        ),
+        Err(e) => Finding::new(
+            "seccomp user-notify",
+            false,
+            format!("ADDFD with SECCOMP_ADDFD_FLAG_SEND fails ({e}): served opens fail"),
+        )
+        .fix("Linux 5.14 or later"),
+    };
     let wake = match child.listener().set_sync_wakeup() {
         Ok(()) => Finding::new(
             "SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP",

@@ -34,6 +34,41 @@ fn image_unavailable(cache_root: &Path) -> Option<String> {
         .map(|e| format!("{e}; pre-content events need Linux 6.14"))
 }
 
+/// Fanotify's pre-content events, which root's lazy image is filled by, with the kernel's
+/// release (Linux 6.14 has them).
+pub fn pre_content(opts: &crate::realm::RealmOpts) -> Finding {
+    let kernel = jail::host::kernel_release();
+    let f = |ok, uses: String| Finding::new("fanotify pre-content", ok, uses);
+    if !nix::unistd::geteuid().is_root() {
+        return f(
+            false,
+            format!("Linux {kernel}; the image needs root (a loop mount, fanotify in the initial namespace): this user's realms use FUSE"),
+        );
+    }
+    match image_unavailable(&cache_root(opts)) {
+        None => f(
+            true,
+            format!("Linux {kernel}: root's realms get the ext4 image, filled on first touch"),
+        ),
+        Some(why) => f(false, format!("Linux {kernel}: no image ({why})"))
+            .fix("Linux 6.14 or later, e2fsprogs, the loop module"),
+    }
+}
+
+/// `fusermount3` and `/dev/fuse` for this user ([`crate::fuse::unavailable`]).
+pub fn fuse() -> Finding {
+    match crate::fuse::unavailable() {
+        None => Finding::new(
+            "FUSE",
+            true,
+            "fusermount3 and /dev/fuse usable: a realm's FUSE server can be mounted",
+        ),
+        Some(why) => {
+            Finding::new("FUSE", false, why).fix("package fuse3; /dev/fuse mode 0666 (udev's)")
+        }
+    }
+}
+
 /// The backend a realm that is not completely installed is served by, from its second run
 /// (its first fetches the index snapshot and is served by notification; `--lazy` tries at
 /// once). Words as `--stats` prints them on the realm's line.

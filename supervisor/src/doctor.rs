@@ -1,6 +1,6 @@
 //! `sigma-supervise doctor`: what this host gives each feature of a run, a line each, found by
 //! the probes the run itself acts on ([`jail::host`], [`realmfs::host`]). Exit status 1 when no
-//! proc could be jailed.
+//! proc could be jailed (or no seccomp listener had).
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -22,22 +22,30 @@ pub fn main(args: &DoctorArgs) -> ExitCode {
     );
     let userns = host::userns();
     let jailed = userns.ok;
+    let seccomp = host::seccomp();
+    // No jail, or no listener: no proc can run as a run would run it.
+    let fatal = !jailed
+        || seccomp
+            .iter()
+            .any(|f| !f.ok && f.feature == "seccomp user-notify");
     let root = realmfs::host::cache_root(&args.realm);
     let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
     let mut found = vec![userns, host::landlock()];
-    found.extend(host::seccomp());
+    found.extend(seccomp);
     found.extend([host::cgroup(), host::idmap(&cwd)]);
     found.extend([
         realmfs::host::cache_fs(&root),
+        realmfs::host::pre_content(&args.realm),
+        realmfs::host::fuse(),
         realmfs::host::backend(&args.realm, jailed),
     ]);
     found.extend(realmfs::host::bucket(&args.realm));
     for f in &found {
         println!("{f}");
     }
-    if jailed {
+    if !fatal {
         return ExitCode::SUCCESS;
     }
-    println!("a proc cannot be jailed on this host: every run fails");
+    println!("a proc cannot be jailed and supervised on this host: every run fails");
     ExitCode::from(1)
 }
