@@ -1,7 +1,8 @@
-//! What this host gives a realm (`sigma-supervise doctor`): the lazy backend a realm that is not
-//! completely installed gets, by the probes the run's choice makes ([`crate::realm`]'s
-//! `backend.rs`: the image's pre-content mark, `mkfs.ext4`; [`crate::fuse::unavailable`]), and
-//! the cache root's filesystem.
+//! What this host gives a realm, and [`findings`], the whole of `sigma-supervise doctor`: the
+//! lazy backend a realm that is not completely installed gets, by the probes the run's choice
+//! makes ([`crate::realm`]'s `backend.rs`: the image's pre-content mark, `mkfs.ext4`;
+//! [`crate::fuse::unavailable`]), the cache root's filesystem, the bucket; [`jail::host`]'s
+//! findings before them.
 #![forbid(unsafe_code)]
 
 use jail::host::Finding;
@@ -216,4 +217,25 @@ pub fn bucket(opts: &crate::realm::RealmOpts) -> Option<Finding> {
         )
         .fix("AWS_ENDPOINT_URL, AWS_PROFILE or the standard AWS credentials; `sigma-supervise publish` makes the index"),
     })
+}
+
+/// Every finding of `sigma-supervise doctor` for a run with `opts`, in order, and whether a
+/// proc can run at all here (jailed, with a seccomp listener).
+pub fn findings(opts: &crate::realm::RealmOpts) -> (Vec<Finding>, bool) {
+    use jail::host;
+    let userns = host::userns();
+    let jailed = userns.ok;
+    let seccomp = host::seccomp();
+    let runs = jailed
+        && seccomp
+            .iter()
+            .all(|f| f.ok || f.feature != "seccomp user-notify");
+    let root = cache_root(opts);
+    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    let mut found = vec![userns, host::landlock()];
+    found.extend(seccomp);
+    found.extend([host::cgroup(), host::idmap(&cwd), cache_fs(&root)]);
+    found.extend([pre_content(opts), fuse(), backend(opts, jailed)]);
+    found.extend(bucket(opts));
+    (found, runs)
 }

@@ -1,6 +1,6 @@
 //! `sigma-supervise doctor`: what this host gives each feature of a run, a line each, found by
-//! the probes the run itself acts on ([`jail::host`], [`realmfs::host`]). Exit status 1 when no
-//! proc could be jailed (or no seccomp listener had).
+//! the probes the run itself acts on ([`realmfs::host::findings`]: [`jail::host`]'s and the
+//! realm's). Exit status 1 when no proc could be jailed (or no seccomp listener had).
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -14,36 +14,16 @@ pub struct DoctorArgs {
 }
 
 pub fn main(args: &DoctorArgs) -> ExitCode {
-    use jail::host;
+    let kernel = jail::host::kernel_release();
     println!(
-        "sigma-supervise {} on Linux {}",
-        env!("CARGO_PKG_VERSION"),
-        host::kernel_release()
+        "sigma-supervise {} on Linux {kernel}",
+        env!("CARGO_PKG_VERSION")
     );
-    let userns = host::userns();
-    let jailed = userns.ok;
-    let seccomp = host::seccomp();
-    // No jail, or no listener: no proc can run as a run would run it.
-    let fatal = !jailed
-        || seccomp
-            .iter()
-            .any(|f| !f.ok && f.feature == "seccomp user-notify");
-    let root = realmfs::host::cache_root(&args.realm);
-    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
-    let mut found = vec![userns, host::landlock()];
-    found.extend(seccomp);
-    found.extend([host::cgroup(), host::idmap(&cwd)]);
-    found.extend([
-        realmfs::host::cache_fs(&root),
-        realmfs::host::pre_content(&args.realm),
-        realmfs::host::fuse(),
-        realmfs::host::backend(&args.realm, jailed),
-    ]);
-    found.extend(realmfs::host::bucket(&args.realm));
+    let (found, runs) = realmfs::host::findings(&args.realm);
     for f in &found {
         println!("{f}");
     }
-    if !fatal {
+    if runs {
         return ExitCode::SUCCESS;
     }
     println!("a proc cannot be jailed and supervised on this host: every run fails");
