@@ -1,8 +1,9 @@
 //! `sigma-supervise doctor` against what runs do on this machine: the real binary, as root and
 //! as nobody (setpriv), real CPython and a published `file://` bucket. Doctor's realm backend
 //! line names the backend a realm's `--lazy` run reports on its `--stats` line, its user
-//! namespace line whether a run is jailed; the test hooks (`SIGMA_SUPERVISE_TEST_NO_USERNS`,
-//! `SIGMA_SUPERVISE_TEST_NO_LANDLOCK`) take a feature away from both alike.
+//! namespace line whether a run is jailed, its cgroups line whether `--memory` can be had; the
+//! test hooks (`SIGMA_SUPERVISE_TEST_NO_USERNS`, `SIGMA_SUPERVISE_TEST_NO_LANDLOCK`) take a
+//! feature away from both alike.
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -173,6 +174,13 @@ fn doctor_names_the_backend_and_the_jail_a_run_takes_as_root_and_as_nobody() {
             bucket.contains("reachable") && bucket.contains("(2 packages)"),
             "{bucket}"
         );
+        // --memory needs the cgroup hierarchy doctor names (else the run fails, saying so).
+        let cg = line(&d, "cgroups").starts_with("ok ");
+        let o = s
+            .cmd(who, &["--memory", "256M", "/bin/true"])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.success(), cg && jailed, "{}", stderr(&o));
         let said = backend(&line(&d, "realm backend"));
         // The realm's first run takes its index snapshot (served by notification); the second,
         // with --lazy, gets the backend the host allows at once.
