@@ -57,7 +57,11 @@ pub enum PoolError {
 /// The directory of the pool's socket: `$XDG_RUNTIME_DIR/sigma-supervise` (a user's), or
 /// `/run/sigma-supervise` for root (and for a user without XDG_RUNTIME_DIR, under /tmp with
 /// the uid in the name). Mode 0700: no other user can open the socket.
+/// `SIGMA_POOL_DIR` names another (tests, or a second pool).
 pub fn socket_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("SIGMA_POOL_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
     let uid = nix::unistd::getuid();
     if uid.is_root() {
         return PathBuf::from("/run/sigma-supervise");

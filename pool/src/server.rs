@@ -78,6 +78,12 @@ impl Pool {
             what: "SO_PEERCRED",
             errno,
         })?;
+        // A client that connects and says nothing holds the pool up a second at most.
+        let second = nix::sys::time::TimeVal::new(1, 0);
+        let _ = nix::sys::socket::setsockopt(&conn, sockopt::ReceiveTimeout, &second);
+        let Some((req, _)) = wire::recv::<wire::Request>(conn.as_fd())? else {
+            return Ok(false);
+        };
         let ours = nix::unistd::getuid().as_raw();
         if cred.uid() != ours {
             tracing::warn!(
@@ -86,11 +92,10 @@ impl Pool {
             );
             let why = format!("the pool serves uid {ours} only");
             let _ = wire::send(conn.as_fd(), &wire::Answer::Cold { why }, &[]);
+            // (Answered after its request is read: a socket closed with a message unread
+            // resets, and the peer would see no answer.)
             return Ok(false);
         }
-        let Some((req, _)) = wire::recv::<wire::Request>(conn.as_fd())? else {
-            return Ok(false);
-        };
         match req {
             wire::Request::Stop => {
                 let _ = wire::send_raw(conn.as_fd(), b"\"stopping\"", &[]);

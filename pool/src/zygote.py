@@ -116,6 +116,7 @@ def _zygote():
         socket.send_fds(conn, [json.dumps({"pid": os.getpid()}).encode()], [pidfd, listener])
         os.close(listener)
         os.close(pidfd)
+        conn.settimeout(None)
         if conn.recv(1) != b"g":
             os._exit(125)
         conn.close()
@@ -177,6 +178,7 @@ def _zygote():
         if not fds:
             os._exit(0)  # the pool is gone
         conn = socket.socket(fileno=fds[0])
+        conn.settimeout(2)  # a client that stalls holds this zygote up two seconds at most
         try:
             msg, cfds, _, _ = socket.recv_fds(conn, 1 << 20, 16)
             req = json.loads(msg)

@@ -1,0 +1,318 @@
+//! Warm procs against cold ones: a real pool (`sigma-supervise pool`) with real CPython
+//! zygotes, the real filter and its listener in the client. Each test has a pool of its own
+//! (SIGMA_POOL_DIR); the cold runs name a directory where no pool listens.
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sigma-supervise");
+
+struct Pool {
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Pool {
+    fn start(preloads: &[&str]) -> Pool {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.arg("pool").env("SIGMA_POOL_DIR", dir.path());
+        for p in preloads {
+            cmd.args(["--preload", p]);
+        }
+        let child = cmd.stderr(Stdio::null()).spawn().unwrap();
+        let sock = dir.path().join("pool.sock");
+        let until = Instant::now() + Duration::from_secs(30);
+        while !sock.exists() {
+            assert!(Instant::now() < until, "the pool did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Pool { dir, child }
+    }
+
+    fn zygote_pids(&self) -> Vec<(i32, String)> {
+        let out = Command::new(BIN)
+            .args(["pool", "--status"])
+            .env("SIGMA_POOL_DIR", self.dir.path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("zygote pid "))
+            .map(|l| {
+                let (pid, rest) = l.split_once(' ').unwrap();
+                (pid.parse().unwrap(), rest.to_owned())
+            })
+            .collect()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A run of `python3 ARGS` under the supervisor (--no-jail, --stats), in `cwd`, with `pool_dir`.
+fn run(pool_dir: &Path, cwd: &Path, args: &[&str], stdin: &[u8], extra: &[&str]) -> Output {
+    use std::io::Write as _;
+    let mut child = Command::new(BIN)
+        .args(["--no-jail", "--stats"])
+        .args(extra)
+        .arg("python3")
+        .args(args)
+        .current_dir(cwd)
+        .env("SIGMA_POOL_DIR", pool_dir)
+        .env("GREETING", "héllo wörld")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The program's own stderr: without the supervisor's lines (its stats come last).
+fn program_stderr(o: &Output) -> String {
+    let all = String::from_utf8_lossy(&o.stderr);
+    let program = all.split("sigma-supervise stats:").next().unwrap_or("");
+    program
+        .lines()
+        .filter(|l| !l.starts_with("sigma-supervise"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn start_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .find(|l| {
+            l.starts_with("sigma-supervise: warm start")
+                || l.starts_with("sigma-supervise: cold start")
+        })
+        .unwrap_or("no start line")
+        .to_owned()
+}
+
+fn scripts(dir: &Path) -> Vec<(&'static str, PathBuf)> {
+    let all = [
+        ("exit3.py", "import sys\nprint('out'); print('err', file=sys.stderr)\nsys.exit(3)\n"),
+        ("exitmsg.py", "import sys\nsys.exit('a message')\n"),
+        (
+            "raises.py",
+            "def f():\n    raise ValueError('boom')\nprint('before', end='')\nf()\n",
+        ),
+        (
+            "identity.py",
+            "import os, sys\nprint(sys.argv, os.getcwd(), sys.path[0] == os.path.dirname(__file__))\n\
+             print(__name__, __file__, os.environ['GREETING'], oct(os.umask(0)))\n\
+             print(sorted(m for m in ('socket', 'ctypes', 'json', 'fcntl') if m in sys.modules))\n",
+        ),
+        ("stdin.py", "import sys\ndata = sys.stdin.read()\nprint(data.upper(), end='')\n"),
+        (
+            "atexit_.py",
+            "import atexit, sys\natexit.register(lambda: print('at exit'))\nsys.stdout.write('no newline')\n",
+        ),
+        ("refused.py", "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+            r = libc.unshare(0x20000)\nprint(r, os.strerror(ctypes.get_errno()))\n"),
+    ];
+    all.iter()
+        .map(|(name, text)| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            (*name, p)
+        })
+        .collect()
+}
+
+#[test]
+fn warm_and_cold_runs_agree() {
+    let pool = Pool::start(&["json"]);
+    let work = tempfile::tempdir().unwrap();
+    let nowhere = tempfile::tempdir().unwrap();
+    for (name, path) in scripts(work.path()) {
+        let args = [path.to_str().unwrap(), "one", "two words"];
+        let warm = run(
+            pool.dir.path(),
+            work.path(),
+            &args,
+            b"some input\n",
+            &["--warm"],
+        );
+        let cold = run(nowhere.path(), work.path(), &args, b"some input\n", &[]);
+        assert!(
+            start_of(&warm).contains("warm start"),
+            "{name}: {}",
+            start_of(&warm)
+        );
+        assert!(
+            start_of(&cold).contains("cold start: no pool"),
+            "{name}: {}",
+            start_of(&cold)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&warm.stdout),
+            String::from_utf8_lossy(&cold.stdout),
+            "{name}"
+        );
+        assert_eq!(program_stderr(&warm), program_stderr(&cold), "{name}");
+        assert_eq!(warm.status.code(), cold.status.code(), "{name}");
+    }
+    // -c CODE, and the zygote with preloads chosen only for a program that imports them.
+    for code in ["import json; print(json.dumps([1]))", "print('plain')"] {
+        let warm = run(
+            pool.dir.path(),
+            work.path(),
+            &["-c", code],
+            b"",
+            &["--warm"],
+        );
+        let cold = run(nowhere.path(), work.path(), &["-c", code], b"", &[]);
+        assert_eq!(warm.stdout, cold.stdout, "{code}");
+        assert_eq!(warm.status.code(), cold.status.code());
+        let with_json = start_of(&warm).contains("[json]");
+        assert_eq!(with_json, code.contains("json"), "{}", start_of(&warm));
+    }
+    // What a zygote cannot reproduce goes cold, and says why.
+    let o = run(
+        pool.dir.path(),
+        work.path(),
+        &["-I", "-c", "pass"],
+        b"",
+        &[],
+    );
+    assert!(
+        start_of(&o).contains("cold start: the interpreter option -I"),
+        "{}",
+        start_of(&o)
+    );
+}
+
+#[test]
+fn siblings_reseed_their_random_state() {
+    let pool = Pool::start(&["random,uuid"]);
+    let work = tempfile::tempdir().unwrap();
+    let code = "import random, uuid, os\nprint(random.random(), os.urandom(8).hex(), uuid.uuid4())";
+    let outs: Vec<Output> = (0..3)
+        .map(|_| {
+            run(
+                pool.dir.path(),
+                work.path(),
+                &["-c", code],
+                b"",
+                &["--warm"],
+            )
+        })
+        .collect();
+    for o in &outs {
+        assert!(start_of(o).contains("[random,uuid]"), "{}", start_of(o));
+    }
+    let lines: Vec<Vec<String>> = outs
+        .iter()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect();
+    for i in 0..3 {
+        assert_eq!(lines[0].len(), 3);
+        for a in 0..3 {
+            for b in a + 1..3 {
+                assert_ne!(lines[a][i], lines[b][i], "siblings share value {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn each_warm_proc_is_heard_by_its_own_client() {
+    let pool = Pool::start(&[]);
+    let work = tempfile::tempdir().unwrap();
+    for name in ["first", "second"] {
+        let trace = work.path().join(format!("{name}.trace"));
+        let marker = work.path().join(format!("{name}.marker"));
+        std::fs::write(&marker, "x").unwrap();
+        let code = format!("open({:?}).read()", marker.to_str().unwrap());
+        let flag = format!("--trace={}", trace.display());
+        let o = run(
+            pool.dir.path(),
+            work.path(),
+            &["-c", &code],
+            b"",
+            &["--warm", &flag],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let t = std::fs::read_to_string(&trace).unwrap();
+        assert!(
+            t.contains(&format!("{name}.marker")),
+            "{name}'s trace misses its open: {t}"
+        );
+        let other = if name == "first" { "second" } else { "first" };
+        assert!(!t.contains(&format!("{other}.marker")));
+    }
+}
+
+#[test]
+fn a_killed_zygote_means_a_cold_run_then_a_new_zygote() {
+    let pool = Pool::start(&[]);
+    let work = tempfile::tempdir().unwrap();
+    let (pid, _) = pool.zygote_pids()[0].clone();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let o = run(
+        pool.dir.path(),
+        work.path(),
+        &["-c", "print(6 * 7)"],
+        b"",
+        &[],
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "42\n");
+    assert!(o.status.success());
+    assert!(start_of(&o).contains("cold start"), "{}", start_of(&o));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        said.contains("is gone") && said.contains("starting cold"),
+        "{said}"
+    );
+    let o = run(
+        pool.dir.path(),
+        work.path(),
+        &["-c", "print(6 * 7)"],
+        b"",
+        &["--warm"],
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "42\n");
+    assert_ne!(pool.zygote_pids()[0].0, pid);
+}
+
+#[test]
+fn the_pool_refuses_another_uid() {
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("skipped: needs root to run a client as nobody");
+        return;
+    }
+    let pool = Pool::start(&[]);
+    // The directory is 0700: nobody cannot even reach the socket; let it, to meet SO_PEERCRED.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(pool.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        pool.dir.path().join("pool.sock"),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+        .args(["--no-jail", "--warm", "python3", "-c", "print('ran')"])
+        .env("SIGMA_POOL_DIR", pool.dir.path())
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("serves uid 0 only"), "{err}");
+    assert!(out.stdout.is_empty());
+}
