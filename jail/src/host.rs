@@ -52,11 +52,6 @@ impl std::fmt::Display for Finding {
     }
 }
 
-/// Whether a test hook turns `what` off (`SIGMA_SUPERVISE_TEST_NO_<WHAT>=1`).
-pub(crate) fn hook(what: &str) -> bool {
-    std::env::var_os(format!("SIGMA_SUPERVISE_TEST_NO_{what}")).is_some_and(|v| v == "1")
-}
-
 /// The kernel's release (`uname -r`).
 pub fn kernel_release() -> String {
     nix::sys::utsname::uname()

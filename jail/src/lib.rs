@@ -108,9 +108,14 @@ impl Plan {
     }
 }
 
+/// Whether a test hook takes `what` away (`SIGMA_SUPERVISE_TEST_NO_<WHAT>=1`; see [`host`]).
+fn test_hook(what: &str) -> bool {
+    std::env::var_os(format!("SIGMA_SUPERVISE_TEST_NO_{what}")).is_some_and(|v| v == "1")
+}
+
 /// Whether user namespaces can be made here; the reason when not.
 pub fn userns_available() -> Result<(), String> {
-    if host::hook("USERNS") {
+    if test_hook("USERNS") {
         return Err("SIGMA_SUPERVISE_TEST_NO_USERNS=1".into());
     }
     let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned());
@@ -145,7 +150,7 @@ pub fn cloexec_fds_from_except(first: u32, keep: &[u32]) {
 /// The Landlock ABI version of this kernel (0 when Landlock is off or missing). Signal and
 /// abstract-socket scoping need 6.
 pub fn landlock_abi() -> i64 {
-    if host::hook("LANDLOCK") {
+    if test_hook("LANDLOCK") {
         return 0;
     }
     sys::landlock_abi()
