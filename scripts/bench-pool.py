@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Warm procs against cold ones, side by side in one run: every variant of one command is run in
+turn, round after round (each round starting one variant later), and the medians compared.
+
+Variants: bare `python3 ...`; `sigma-supervise --no-jail python3 ...` cold (no pool: the
+supervisor builds the proc); the same warm (`--warm`: forked by a running pool's zygote); and
+the jailed cold start for reference. Workloads: `python3 -c pass`, and `python3 -c 'import
+numpy'` when numpy can be imported (installed, or a wheel unpacked with --numpy-wheel; the pool
+then keeps a zygote that preloaded it).
+
+    python3 scripts/bench-pool.py -n 40
+    python3 scripts/bench-pool.py -n 40 --numpy-wheel ~/.cache/sigma-ci/wheels/numpy__2.1.3/numpy-*.whl
+
+The supervisor defaults to the release build scripts/build made last. The pool runs in a
+directory of its own (SIGMA_POOL_DIR) and is stopped at the end.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from benchlib import default_supervisor, real_python
+
+PROJECT = tempfile.TemporaryDirectory(prefix="bench-pool.")
+
+
+def timed(cmd: list[str], env: dict) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=PROJECT.name,
+                       env=env)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        sys.exit(f"bench-pool: {' '.join(cmd)} exited {r.returncode}")
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=30, help="rounds (default 30)")
+    ap.add_argument("--supervisor", default=default_supervisor())
+    ap.add_argument("--numpy-wheel", help="unpack this numpy wheel and put it on PYTHONPATH")
+    args = ap.parse_args()
+    py = real_python()
+    sup = args.supervisor
+    env = dict(os.environ)
+    binds = []
+    if args.numpy_wheel:
+        site = tempfile.mkdtemp(prefix="bench-pool-site.")
+        zipfile.ZipFile(args.numpy_wheel).extractall(site)
+        env["PYTHONPATH"] = site
+        binds = ["--bind", site]  # the jail shows it
+    has_numpy = subprocess.run([py, "-c", "import numpy"], env=env, capture_output=True).returncode == 0
+    pool_dir = tempfile.mkdtemp(prefix="bench-pool-sock.")
+    env["SIGMA_POOL_DIR"] = pool_dir
+    no_pool = dict(env, SIGMA_POOL_DIR=tempfile.mkdtemp(prefix="bench-pool-none."))
+    pool_cmd = [sup, "pool", "--python", py] + (["--preload", "numpy"] if has_numpy else [])
+    pool = subprocess.Popen(pool_cmd, env=env, stderr=subprocess.DEVNULL)
+    until = time.time() + 60
+    while not os.path.exists(os.path.join(pool_dir, "pool.sock")):
+        if time.time() > until or pool.poll() is not None:
+            sys.exit("bench-pool: the pool did not start")
+        time.sleep(0.05)
+    workloads = {"pass": [py, "-c", "pass"]}
+    if has_numpy:
+        workloads["numpy"] = [py, "-c", "import numpy"]
+    else:
+        print("numpy cannot be imported: its rows are left out (--numpy-wheel)")
+    try:
+        for name, cmd in workloads.items():
+            variants = {
+                "bare": (cmd, env),
+                "sigma-supervise --no-jail (cold)": ([sup, "--no-jail"] + cmd, no_pool),
+                "sigma-supervise --no-jail --warm": ([sup, "--no-jail", "--warm"] + cmd, env),
+                "sigma-supervise (jailed, cold)": ([sup] + binds + cmd, no_pool),
+            }
+            times = {k: [] for k in variants}
+            for c, e in variants.values():  # warm-up
+                timed(c, e)
+            names = list(variants)
+            for i in range(args.n):
+                for k in names[i % len(names):] + names[: i % len(names)]:
+                    c, e = variants[k]
+                    times[k].append(timed(c, e))
+            med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+            print(f"\n{' '.join(cmd)}  ({args.n} rounds, medians)")
+            print(f"{'variant':34} {'ms':>8} {'÷ bare':>8} {'÷ cold --no-jail':>17}")
+            cold = med["sigma-supervise --no-jail (cold)"]
+            for k in variants:
+                print(f"{k:34} {med[k]:8.2f} {med[k] / med['bare']:8.2f} {med[k] / cold:17.2f}")
+    finally:
+        subprocess.run([sup, "pool", "--stop"], env=env, stderr=subprocess.DEVNULL)
+        pool.wait(timeout=10)
+
+
+main()
