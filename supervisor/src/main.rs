@@ -26,7 +26,7 @@
 //! `calls.rs` (what the policy is told of the handlers), `on_demand.rs`, `stats.rs`, `sys.rs`.
 //! Beside the call path: `readonly.rs` (the read-only hints), `publish.rs` (the subcommand),
 //! `completions.rs` (shell completions and the man page, from the same `Cli`),
-//! `trampoline/` (σOS's uproc-trampoline contract).
+//! `trampoline/` (σOS's uproc-trampoline contract, read by the `uproc` crate, made a run).
 #![deny(unsafe_code)]
 
 mod calls;

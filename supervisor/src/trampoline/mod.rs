@@ -6,9 +6,9 @@
 //! ```text
 //! procd ──exec──▶ uproc-trampoline PID /mnt/binfs/NAME-vV true|false ARGS…
 //!   │  (this pid; procd's new mount, pid and UTS namespaces; σOS's environment only)
-//!   ├─ contract.rs   argv and SIGMACONFIG/SIGMAPRINCIPAL checked, one line if malformed
-//!   ├─ config.rs     trampoline.toml beside the binary, or /etc/sigma-supervise/
-//!   ├─ program.rs    PROG read by this pid, main thread: binary → sealed memfd,
+//!   ├─ uproc::contract  argv and SIGMACONFIG/SIGMAPRINCIPAL checked, one line if malformed
+//!   ├─ uproc::config    trampoline.toml beside the binary, or /etc/sigma-supervise/
+//!   ├─ uproc::program   PROG read by this pid, main thread: binary → program cache or memfd,
 //!   │                script → /sigma/bin/NAME in the jail, python3 → the interpreter
 //!   ├─ jail::procfs  /proc is procd's pid namespace's: this one's mounted in a mount
 //!   │                namespace of the trampoline's own
@@ -36,17 +36,11 @@
 //! way to σOS is the relay.
 #![deny(unsafe_code)]
 
-pub mod config;
-pub mod contract;
-pub mod program;
-
 use crate::cli::Cli;
 use crate::failure::Failure;
 use crate::on_demand::OnDemand;
 use anyhow::{anyhow, Context as _};
 use clap::Parser as _;
-use config::Config;
-use program::Program;
 use spproxy::{dialproxy, relay};
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd as _, OwnedFd};
@@ -54,6 +48,9 @@ use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use uproc::config::{self, Config};
+use uproc::contract;
+use uproc::program::{self, Program};
 
 /// The name σOS's procd execs (found on its PATH).
 pub const PROGRAM_NAME: &str = "uproc-trampoline";
