@@ -1,4 +1,4 @@
-# The zygote: `python3 -c <this> CTL_FD PRELOADS`, started by the pool (zygote.rs).
+# The zygote: `python3 -c "exec(<this, read from stdin>)" CTL_FD PRELOADS`, started by the pool.
 # It imports PRELOADS (comma-separated), freezes the heap, says "ready" on CTL_FD, then for each
 # client connection the pool passes it: reads the client's request (identity, the compiled
 # filter, stdio and the report pipe), forks, and in the child installs the proc's filter with

@@ -1,4 +1,4 @@
-//! One zygote, seen from the pool: `python3 -c <zygote.py> FD PRELOADS` with its end of a
+//! One zygote, seen from the pool: `python3 -c <zygote.py, on stdin> FD PRELOADS` with its end of a
 //! SEQPACKET pair at FD, its environment the pool's without credentials; "ready"
 //! once its preloads are imported and its heap frozen. [`Zygote::hand`] passes it a client's
 //! connection.
@@ -46,11 +46,12 @@ impl Zygote {
         };
         set(FdFlag::empty())?;
         let mut cmd = Command::new(&python);
+        // The source comes on stdin, read at once: `ps` shows one line, `__main__` holds nothing.
         cmd.arg("-c")
-            .arg(SOURCE)
+            .arg("exec(__import__('sys').stdin.read())")
             .arg(theirs.as_raw_fd().to_string())
             .arg(preloads.join(","))
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .env_clear();
         let env: Vec<_> = std::env::vars_os()
             .filter(|(k, v)| {
@@ -62,8 +63,12 @@ impl Zygote {
         let spawned = cmd.spawn();
         set(FdFlag::FD_CLOEXEC)?;
         drop(theirs);
-        let child = spawned
+        let mut child = spawned
             .map_err(|e| PoolError::Setup(format!("cannot start {}: {e}", python.display())))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write as _;
+            let _ = stdin.write_all(SOURCE.as_bytes());
+        }
         let z = Zygote {
             startup: crate::choose::startup_env_of(&env),
             python,
