@@ -69,6 +69,7 @@ pub fn run(target: i32, signals: &SigSet, grace: Duration, report: Option<OwnedF
     let target = Pid::from_raw(target);
     let mut ended: Option<Ended> = None;
     let mut deadline: Option<Instant> = None;
+    let own_session = !crate::world::stdio_is_a_terminal();
     loop {
         let mut none_left = false;
         loop {
@@ -110,8 +111,8 @@ pub fn run(target: i32, signals: &SigSet, grace: Duration, report: Option<OwnedF
             Ok(None) => over(ended),
             Ok(Some((libc::SIGCHLD, _))) | Err(_) => {}
             // A terminal's signal reached the whole foreground group (SI_KERNEL): the program
-            // has it already.
-            Ok(Some((_, libc::SI_KERNEL))) => {}
+            // has it already, unless it leads a session of its own (no terminal on stdio).
+            Ok(Some((_, libc::SI_KERNEL))) if !own_session => {}
             Ok(Some((sig, _))) => {
                 if ended.is_none() {
                     if let Ok(s) = Signal::try_from(sig) {

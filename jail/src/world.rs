@@ -51,16 +51,22 @@ fn become_user(uid: u32, gid: u32) -> Result<(), Errno> {
 /// that costs nothing: with no terminal on stdio. A terminal is the controlling terminal of one
 /// session only, the user's shell's; a new session would lose it (^C, ^Z, job control).
 pub fn own_session_without_terminal() {
-    let terminal = [
+    if !stdio_is_a_terminal() {
+        let _ = nix::unistd::setsid();
+    }
+}
+
+/// Whether stdin, stdout or stderr is a terminal: else the target has a session of its own
+/// ([`own_session_without_terminal`]), outside the terminal's foreground group, and init
+/// passes it the terminal's signals.
+pub fn stdio_is_a_terminal() -> bool {
+    [
         std::io::stdin().as_fd(),
         std::io::stdout().as_fd(),
         std::io::stderr().as_fd(),
     ]
     .into_iter()
-    .any(|fd| nix::unistd::isatty(fd).unwrap_or(false));
-    if !terminal {
-        let _ = nix::unistd::setsid();
-    }
+    .any(|fd| nix::unistd::isatty(fd).unwrap_or(false))
 }
 
 /// The proc's own network namespace with loopback up (the plan's [`Step::Loopback`]), made by
