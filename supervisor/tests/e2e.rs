@@ -291,7 +291,7 @@ fn denied_syscall_logged_once_per_name() {
         "--audit",
         "python3",
         "-c",
-        "import socket\nfor _ in range(5):\n try: socket.socket()\n except OSError: pass\nprint('ok')",
+        "import socket\nfor _ in range(5):\n try: socket.socket(socket.AF_PACKET, socket.SOCK_RAW)\n except OSError: pass\nprint('ok')",
     ]));
     assert_eq!(stdout(&o), "ok\n");
     assert_eq!(stderr(&o).matches("denied socket (pid ").count(), 1);
@@ -791,7 +791,7 @@ fn trace_lines_have_pid_syscall_path_decision_micros() {
         "--audit",
         "python3",
         "-c",
-        "import json, socket\ntry: socket.socket()\nexcept OSError: pass",
+        "import json, socket\ntry: socket.socket(socket.AF_PACKET, socket.SOCK_RAW)\nexcept OSError: pass",
     ]));
     assert_eq!(o.status.code(), Some(0));
     let text = std::fs::read_to_string(&file).unwrap();
@@ -1035,7 +1035,7 @@ fn script_in_a_served_dir_runs_and_imports_its_siblings() {
 
 #[test]
 fn without_path_rules_path_calls_are_not_notified_but_denials_still_are() {
-    let code = "import json, socket\ntry: socket.socket()\nexcept OSError: pass";
+    let code = "import json, socket\ntry: socket.socket(socket.AF_PACKET, socket.SOCK_RAW)\nexcept OSError: pass";
     let o = run(sup().args(["--stats", "--audit", "python3", "-c", code]));
     assert_eq!(o.status.code(), Some(0));
     let err = stderr(&o);
@@ -1418,6 +1418,10 @@ fn a_terminals_ctrl_c_reaches_a_proc_whose_stdio_is_redirected() {
 import os, pty, sys, time
 pid, fd = pty.fork()
 if pid == 0:
+    # As a terminal's job: ^C's default action (a job started in the background by a
+    # non-interactive shell inherits SIGINT ignored).
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.execv(sys.argv[1], sys.argv[1:])
 deadline = time.time() + 20
 while not os.path.exists("ready") and time.time() < deadline:

@@ -599,6 +599,10 @@ fn ctrl_c_through_a_pseudo_terminal_reaches_the_program() {
 import os, pty, select, sys, time
 pid, fd = pty.fork()
 if pid == 0:
+    # As a terminal's job: ^C's default action (a job started in the background by a
+    # non-interactive shell inherits SIGINT ignored).
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.execv(sys.argv[1], sys.argv[1:])
 out = b""
 def read_until(token, limit):

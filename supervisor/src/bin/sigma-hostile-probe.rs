@@ -30,12 +30,13 @@ fn main() {
     // probe fails harmlessly (ENOENT, EINVAL) instead of changing the host.
     let target = c"/nonexistent/sigma-hostile-probe";
     let mut all = true;
+    // A packet socket: refused in every profile (TCP and UDP are a jailed proc's own network's).
     all &= attempt(
         "socket",
         libc::SYS_socket,
         [
-            libc::AF_INET as usize,
-            libc::SOCK_STREAM as usize,
+            libc::AF_PACKET as usize,
+            libc::SOCK_RAW as usize,
             0,
             0,
             0,
