@@ -137,23 +137,26 @@ pub fn backend(opts: &crate::realm::RealmOpts, jailed: bool) -> Finding {
 
 /// The cache root's filesystem (the realms' libraries, their images' files, the filters).
 pub fn cache_fs(cache_root: &Path) -> Finding {
-    use nix::sys::statfs as s;
     let at = existing(cache_root);
-    let kind = match s::statfs(&at).map(|st| st.filesystem_type()) {
+    // The magic numbers themselves (linux/magic.h): libcs differ in which they name (musl has
+    // no XFS_SUPER_MAGIC), and in f_type's width.
+    let kind = match nix::sys::statfs::statfs(&at).map(|st| st.filesystem_type()) {
         Err(e) => return Finding::new("cache root", false, format!("{}: {e}", at.display())),
-        Ok(t) if t == s::EXT4_SUPER_MAGIC => "ext4",
-        Ok(t) if t == s::TMPFS_MAGIC => "tmpfs (lost at reboot)",
-        Ok(t) if t == s::XFS_SUPER_MAGIC => "xfs",
-        Ok(t) if t == s::BTRFS_SUPER_MAGIC => "btrfs",
-        Ok(t) if t == s::OVERLAYFS_SUPER_MAGIC => "overlayfs",
-        Ok(t) if t == s::NFS_SUPER_MAGIC => "nfs (locks and hard links may not hold)",
-        Ok(t) => {
-            return Finding::new(
-                "cache root",
-                true,
-                format!("{} (filesystem {t:?})", cache_root.display()),
-            )
-        }
+        Ok(t) => match t.0 as u64 {
+            0xEF53 => "ext4",
+            0x0102_1994 => "tmpfs (lost at reboot)",
+            0x5846_5342 => "xfs",
+            0x9123_683E => "btrfs",
+            0x794C_7630 => "overlayfs",
+            0x6969 => "nfs (locks and hard links may not hold)",
+            _ => {
+                return Finding::new(
+                    "cache root",
+                    true,
+                    format!("{} (filesystem {t:?})", cache_root.display()),
+                )
+            }
+        },
     };
     let made = if at == cache_root {
         ""
