@@ -29,11 +29,12 @@ print(f"  wrote {st.length} bytes to {path}; read back: {pysigma.get_file(path)[
 try:
     import socket
 
-    socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    print("  unexpected: a network socket was allowed", file=sys.stderr)
+    # TCP and UDP reach only the proc's own loopback; a raw packet socket is refused outright.
+    socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    print("  unexpected: a packet socket was allowed", file=sys.stderr)
     sys.exit(1)
 except PermissionError:
-    print("  socket(AF_INET) refused by the σOS filter, as it should be")
+    print("  socket(AF_PACKET) refused by the σOS filter, as it should be")
 
 print(f"  pid {os.getpid()} done")
 pysigma.exited(status=pysigma.STATUS_OK, msg="demo finished")
