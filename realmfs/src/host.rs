@@ -218,7 +218,11 @@ pub fn bucket(opts: &crate::realm::RealmOpts) -> Option<Finding> {
             false,
             format!("{e}: a realm's imports fail (ImportError) within --fetch-timeout"),
         )
-        .fix("AWS_ENDPOINT_URL, AWS_PROFILE or the standard AWS credentials; `sigma-supervise publish` makes the index"),
+        .fix(if url.starts_with("s3://") {
+            "AWS_ENDPOINT_URL, AWS_PROFILE or the standard AWS credentials; `sigma-supervise publish` makes the index"
+        } else {
+            "the directory must exist and be readable; `sigma-supervise publish` makes the index"
+        }),
     })
 }
 

@@ -287,6 +287,11 @@ fn an_unreachable_bucket_is_named_and_does_not_fail_doctor() {
         l.starts_with("note") && l.contains("/nonexistent/bucket"),
         "{l}"
     );
+    // A directory's fix is the directory's, not a cloud account's.
+    assert!(
+        l.contains("the directory must exist") && !l.contains("AWS"),
+        "{l}"
+    );
     assert!(
         o.status.success(),
         "a bucket's reach is not the jail's: {}",
