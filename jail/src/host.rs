@@ -67,11 +67,26 @@ pub fn userns() -> Finding {
         "this user"
     };
     match crate::userns_available() {
-        Ok(()) => Finding::new(
-            "user namespaces",
-            true,
-            format!("available to {who}: every proc is jailed"),
-        ),
+        Ok(()) => match crate::userns_probe() {
+            Ok(()) => Finding::new(
+                "user namespaces",
+                true,
+                format!("available to {who}: every proc is jailed"),
+            ),
+            Err((call, errno)) => Finding::new(
+                "user namespaces",
+                false,
+                format!(
+                    "allowed by the sysctls but refused to {who} ({call}: {errno}): a proc \
+                     cannot be jailed; runs fail"
+                ),
+            )
+            .fix(
+                "a security module or a seccomp filter around this process refuses them: \
+                 on Ubuntu, sysctl kernel.apparmor_restrict_unprivileged_userns=0 or an \
+                 AppArmor profile that allows userns for sigma-supervise",
+            ),
+        },
         Err(why) => Finding::new(
             "user namespaces",
             false,

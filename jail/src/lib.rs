@@ -130,6 +130,32 @@ pub fn userns_available() -> Result<(), String> {
     Ok(())
 }
 
+/// Whether user and mount namespaces can be made and used here, tried for real: a child clones
+/// into both and mounts a tmpfs, as init does first. A security module can refuse this where
+/// the sysctls [`userns_available`] reads allow it (AppArmor's
+/// `kernel.apparmor_restrict_unprivileged_userns`, a seccomp filter around the caller); the
+/// run then fails at its first mount. Which call failed, and its errno, when it does.
+#[allow(unsafe_code)]
+pub fn userns_probe() -> Result<(), (&'static str, nix::errno::Errno)> {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    // SAFETY: the child makes raw system calls only (mount(2) on static strings, _exit), so it
+    // takes no lock and allocates nothing another thread of the parent could have held.
+    let pid = unsafe { sys::clone_fork(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) }
+        .map_err(|e| ("clone(CLONE_NEWUSER|CLONE_NEWNS)", e))?;
+    if pid == 0 {
+        sys::exit_now(sys::probe_mounts());
+    }
+    match waitpid(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(WaitStatus::Exited(_, 0)) => Ok(()),
+        Ok(WaitStatus::Exited(_, e)) => Err((
+            "mount in the new namespaces",
+            nix::errno::Errno::from_raw(e),
+        )),
+        Ok(_) => Err(("the probe child", nix::errno::Errno::ECHILD)),
+        Err(e) => Err(("waitpid", e)),
+    }
+}
+
 /// Close every descriptor from `first` up: init keeps none of the target's (a socket held open
 /// by init would outlive the program).
 pub fn close_fds_from(first: u32) {

@@ -238,6 +238,40 @@ pub fn loopback_up() -> Result<(), Errno> {
     Errno::result(unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS as _, &req) }).map(drop)
 }
 
+/// In a probe child just cloned into new user and mount namespaces: make its mount tree
+/// private, then mount a tmpfs over `/`, as init's first steps do. 0, or the first errno.
+pub fn probe_mounts() -> i32 {
+    // SAFETY: static NUL-terminated strings and null pointers; mount(2) only reads them.
+    let private = unsafe {
+        libc::mount(
+            c"none".as_ptr(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    };
+    let r = if private == 0 {
+        // SAFETY: as above.
+        unsafe {
+            libc::mount(
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        }
+    } else {
+        private
+    };
+    if r == 0 {
+        0
+    } else {
+        Errno::last_raw()
+    }
+}
+
 /// _exit(2).
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit has no preconditions; it does not return.

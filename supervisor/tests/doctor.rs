@@ -299,3 +299,34 @@ fn an_unreachable_bucket_is_named_and_does_not_fail_doctor() {
     );
     assert!(!Path::new("/nonexistent/bucket").exists());
 }
+
+/// Where the sysctls allow user namespaces but something around the process refuses them (an
+/// LSM such as AppArmor's userns restriction; here the real seccomp filter of a `--no-jail`
+/// run), doctor's probe makes the call a run makes and reports the refusal, failing as the
+/// run would, rather than reading the sysctls and saying ok.
+#[test]
+fn user_namespaces_refused_despite_the_sysctls_are_found_by_a_real_probe() {
+    let s = setup();
+    let bin = s.bin.to_str().unwrap().to_owned();
+    for who in ["root", "nobody"] {
+        let o = s
+            .cmd(who, &["--no-jail", "--", &bin, "doctor"])
+            .output()
+            .unwrap();
+        eprintln!(
+            "--- doctor under a filter as {who}\n{}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+        let l = line(&o, "user namespaces");
+        assert!(
+            l.starts_with("note") && l.contains("refused") && l.contains("EPERM"),
+            "{l}"
+        );
+        assert!(l.contains("apparmor_restrict_unprivileged_userns"), "{l}");
+        assert_eq!(o.status.code(), Some(1), "no jail: doctor fails");
+    }
+    // The same probe outside the filter finds them usable.
+    let d = s.doctor("nobody", &[]);
+    assert!(line(&d, "user namespaces").starts_with("ok "));
+}
