@@ -143,7 +143,11 @@ const PUBLISH_ABOUT: &str = "Publish wheels, a requirements file or package dire
 /// does not build them.
 impl clap::Subcommand for Sub {
     fn augment_subcommands(cmd: clap::Command) -> clap::Command {
-        let cmd = <completions::Generate as clap::Subcommand>::augment_subcommands(cmd);
+        let cmd = if completions::generating() {
+            cmd
+        } else {
+            <completions::Generate as clap::Subcommand>::augment_subcommands(cmd)
+        };
         let cmd = cmd.subcommand(<doctor::DoctorArgs as clap::Args>::augment_args(
             clap::Command::new(DOCTOR),
         ));

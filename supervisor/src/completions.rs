@@ -8,6 +8,16 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set while the command line is built for what is generated: the generators themselves are
+/// then left out of it, so no completion or page offers them.
+static GENERATING: AtomicBool = AtomicBool::new(false);
+
+/// Whether the command line being built is for a completion script or a page.
+pub fn generating() -> bool {
+    GENERATING.load(Ordering::Relaxed)
+}
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Generate {
@@ -19,8 +29,11 @@ pub enum Generate {
     ManPage { dir: Option<PathBuf> },
 }
 
-/// Runs one of the hidden subcommands on `cmd`, the whole command line.
-pub fn main(what: &Generate, cmd: clap::Command) -> ExitCode {
+/// Runs one of the hidden subcommands on the whole command line, which `command` builds (once
+/// [`generating`] is set, so without these subcommands).
+pub fn main(what: &Generate, command: impl FnOnce() -> clap::Command) -> ExitCode {
+    GENERATING.store(true, Ordering::Relaxed);
+    let cmd = command();
     // Named as installed whatever the binary was called as; no `help` subcommand in the pages.
     let mut cmd = cmd.name("sigma-supervise").disable_help_subcommand(true);
     let mut out = Vec::new();

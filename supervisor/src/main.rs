@@ -104,7 +104,7 @@ fn main() -> ExitCode {
         Some(Sub::Publish(args)) => return publish::main(args),
         Some(Sub::Doctor(args)) => return doctor::main(args),
         Some(Sub::Generate(what)) => {
-            return completions::main(what, <Cli as clap::CommandFactory>::command())
+            return completions::main(what, <Cli as clap::CommandFactory>::command)
         }
         None => {}
     }

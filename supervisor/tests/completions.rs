@@ -46,6 +46,11 @@ fn completions_for_bash_zsh_and_fish_name_the_subcommands_and_options() {
         ] {
             assert!(script.contains(&word), "{shell}'s script lacks {word}");
         }
+        // The generators are hidden: no script offers them.
+        assert!(
+            !script.contains("generate-"),
+            "{shell}'s script offers a hidden subcommand"
+        );
         // Syntax, by the shell itself where it is installed (bash always is: scripts/bootstrap's
         // Debian); the others say so rather than pass quietly.
         if installed(shell) {
@@ -77,6 +82,10 @@ fn man_pages_show_the_long_help_and_one_page_per_subcommand() {
     assert!(
         page.contains("publish"),
         "the publish subcommand is missing"
+    );
+    assert!(
+        !page.contains("generate"),
+        "the page names a hidden subcommand"
     );
 
     let dir = tempfile::tempdir().unwrap();
