@@ -22,8 +22,13 @@
 //! `SCHED_IDLE` until the run has ended: the rest is written with CPU the import does not
 //! want. Then it returns to normal scheduling where it may (root).
 //!
+//! Given a memory tree ([`crate::memory`]: a directory on a tmpfs the supervisor made and
+//! serves from), it places the skeleton and fills the files there instead, and persists the
+//! package into the store only once every file is verified ([`RealmCache::fill_in_memory`]);
+//! `placed` and `file` then speak of the memory tree, `ok` of the package in lib/.
+//!
 //! After `ok` it lets go of the lock, waits for the run to end (its report pipe closes; at
-//! most [`TREE_AFTER`]), builds the package's shared tree and exits. If the
+//! most [`TREE_AFTER`]), empties its memory tree, builds the package's shared tree and exits. If the
 //! supervisor has exited meanwhile, its lines go nowhere and the install goes on. If the fill
 //! process dies, its pipe ends without `ok`: every reader waiting on the package gets EIO
 //! (never a placeholder's zeros), what was placed is removed under the lock, and the next
@@ -33,6 +38,8 @@
 //! process is never mistaken for a leftover of the target (signalled, or waited for).
 #![forbid(unsafe_code)]
 
+use crate::memory::MemoryRoot;
+use crate::serve::Served;
 use fetcher::index::Package;
 use fetcher::store::{lazy::LazyStore, StoreOptions};
 use fetcher::{FetchConfig, FetchError, FileHook, Placement, RealmCache};
@@ -73,9 +80,16 @@ pub struct FillProcs {
     pub bucket: String,
     pub timeout: Duration,
     pub lib: PathBuf,
-    /// Told when a fill process of a package has started.
-    pub started: Box<dyn Fn(&Package) + Send + Sync>,
+    /// Where packages are streamed in memory (`None`: into the lib dir), and the prefix their
+    /// memory trees are served at.
+    pub memory: Option<MemoryRoot>,
+    pub prefix: PathBuf,
+    /// Told when a fill process of a package has started, with the memory tree it fills.
+    pub started: StartedFn,
 }
+
+/// Told that a package's fill process started, with the memory tree it fills, if any.
+pub type StartedFn = Box<dyn Fn(&Package, Option<Arc<Served>>) + Send + Sync>;
 
 impl fetcher::Delegate for FillProcs {
     fn install(
@@ -85,9 +99,20 @@ impl fetcher::Delegate for FillProcs {
         placement: &Arc<dyn Placement>,
         hook: Option<&Arc<FileHook>>,
     ) -> Option<Result<u64, FetchError>> {
-        let mut child = match self.spawn(pkg, lock) {
+        let memory = self
+            .memory
+            .as_ref()
+            .and_then(|m| m.tree_for(pkg, &self.prefix));
+        let mem_dir = memory.as_ref().map(|m| m.dir.clone());
+        let forget = || {
+            if let Some(dir) = &mem_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        };
+        let mut child = match self.spawn(pkg, lock, mem_dir.as_deref()) {
             Ok(c) => c,
             Err(e) => {
+                forget();
                 tracing::debug!(error = %e, package = %pkg.name, "no fill process; installing here");
                 return None;
             }
@@ -96,9 +121,10 @@ impl fetcher::Delegate for FillProcs {
             // Never without its report pipe: the caller installs here once it is gone.
             let _ = child.kill();
             let _ = child.wait();
+            forget();
             return None;
         };
-        (self.started)(pkg);
+        (self.started)(pkg, memory.map(|m| m.served));
         let mut out = out;
         let result = self.follow(pkg, &mut out, placement, hook);
         if result.is_ok() {
@@ -114,13 +140,20 @@ impl fetcher::Delegate for FillProcs {
         } else {
             let _ = child.kill();
             let _ = child.wait();
+            // Its readers were answered EIO; nothing reads from it any more.
+            forget();
         }
         Some(result)
     }
 }
 
 impl FillProcs {
-    fn spawn(&self, pkg: &Package, lock: &std::fs::File) -> std::io::Result<std::process::Child> {
+    fn spawn(
+        &self,
+        pkg: &Package,
+        lock: &std::fs::File,
+        memory: Option<&std::path::Path>,
+    ) -> std::io::Result<std::process::Child> {
         helper_process(FILL_ARG0)
             .arg(&self.root)
             .arg(&self.realm)
@@ -128,6 +161,7 @@ impl FillProcs {
             .arg(format!("{}", self.timeout.as_secs_f64()))
             .arg(&pkg.name)
             .arg(&pkg.archive.sha256)
+            .args(memory)
             .stdin(lock.try_clone()?)
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -323,7 +357,8 @@ fn after_the_run(bound: Option<Duration>) {
 }
 
 /// A fill process's whole life (argv: root, realm, bucket, fetch timeout in seconds, package,
-/// archive sha256; stdin the package's lock file, locked; stdout the report pipe).
+/// archive sha256, optionally the memory tree; stdin the package's lock file, locked; stdout
+/// the report pipe).
 pub fn main() -> ! {
     // Nothing else of the supervisor's (its parent's descriptors) stays open here.
     jail::close_fds_from(3);
@@ -353,26 +388,34 @@ pub fn main() -> ! {
     std::process::exit(code)
 }
 
-/// [`crate::confine::confine`]: writes only under the cache root (argv[1]), reads what a fetch
-/// reads and a `file://` bucket (argv[3]). Bad arguments are left to [`fill`] to report.
+/// [`crate::confine::confine`]: writes only under the cache root (argv[1]) and its memory tree
+/// (argv[7], if any), reads what a fetch reads and a `file://` bucket (argv[3]). Bad arguments
+/// are left to [`fill`] to report.
 fn confine() -> anyhow::Result<()> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let (Some(root), Some(bucket)) = (args.get(1), args.get(3)) else {
         return Ok(());
     };
     let bucket_dir = bucket.to_str().and_then(crate::confine::file_url_dir);
-    crate::confine::confine(&[std::path::Path::new(root)], bucket_dir.as_slice())?;
+    let mut writable = vec![std::path::Path::new(root)];
+    writable.extend(args.get(7).map(std::path::Path::new));
+    crate::confine::confine(&writable, bucket_dir.as_slice())?;
     Ok(())
 }
 
 fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
     jail::mark("fill:main");
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [root, realm, bucket, timeout, name, sha] = &args[..] else {
-        return Err(FetchError::Invalid {
-            what: FILL_ARG0.into(),
-            cause: "usage: ROOT REALM BUCKET TIMEOUT PACKAGE ARCHIVE-SHA256".into(),
-        });
+    let (root, realm, bucket, timeout, name, sha, memory) = match &args[..] {
+        [r, re, b, t, n, s] => (r, re, b, t, n, s, None),
+        [r, re, b, t, n, s, m] => (r, re, b, t, n, s, Some(PathBuf::from(m))),
+        _ => {
+            return Err(FetchError::Invalid {
+                what: FILL_ARG0.into(),
+                cause: "usage: ROOT REALM BUCKET TIMEOUT PACKAGE ARCHIVE-SHA256 [MEMORY-TREE]"
+                    .into(),
+            })
+        }
     };
     let timeout = timeout
         .parse::<f64>()
@@ -407,13 +450,14 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
             what: format!("package {name}"),
             cause: "not in the realm's index snapshot with that archive".into(),
         })?;
-    let lib = cache.lib_dir();
-    // The hook names a file by its lib-dir path; the report by its place in the index.
+    // Where the files are filled: the lib dir, or the memory tree.
+    let tree = memory.clone().unwrap_or_else(|| cache.lib_dir());
+    // The hook names a file by its path in the tree; the report by its place in the index.
     let order: HashMap<PathBuf, usize> = pkg
         .files
         .iter()
         .enumerate()
-        .map(|(i, f)| (lib.join(&f.path), i))
+        .map(|(i, f)| (tree.join(&f.path), i))
         .collect();
     cache.set_placement(Arc::new(Placed(report.clone())));
     let r = report.clone();
@@ -422,7 +466,16 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
             r.say(&format!("file {i}"));
         }
     }));
-    let n = rt.block_on(cache.fill(&pkg))?;
+    let n = match &memory {
+        Some(mem) => rt.block_on(cache.fill_in_memory(&pkg, mem)),
+        None => rt.block_on(cache.fill(&pkg)),
+    };
+    let n = n.inspect_err(|_| {
+        // Its readers are answered EIO by the supervisor; the tree goes with this process.
+        if let Some(mem) = &memory {
+            crate::memory::empty_tree(mem);
+        }
+    })?;
     report.say_now(&format!("ok {n}"));
     jail::mark("fill:ok");
     // Let go of the lock: the package is installed. Then its shared tree, for other realms.
@@ -430,6 +483,10 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
         std::fs::File::open("/dev/null").map_err(|e| FetchError::io("open", "/dev/null", e))?,
     );
     after_the_run(Some(TREE_AFTER));
+    if let Some(mem) = &memory {
+        crate::memory::empty_tree(mem);
+        jail::mark("fill:memory-emptied");
+    }
     if let Err(e) = cache.share_tree(&pkg) {
         tracing::debug!(error = %e, package = %pkg.name, "no shared tree");
     }
@@ -470,7 +527,9 @@ mod tests {
             bucket: "file:///b".into(),
             timeout: Duration::from_secs(1),
             lib: "/lib".into(),
-            started: Box::new(|_| {}),
+            memory: None,
+            prefix: "/sigma/lib".into(),
+            started: Box::new(|_, _| {}),
         }
     }
 

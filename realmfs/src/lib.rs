@@ -34,6 +34,7 @@ pub mod fill;
 pub mod fuse;
 pub mod host;
 pub mod lazy;
+pub mod memory;
 pub mod realm;
 pub mod serve;
 pub mod show;

@@ -12,6 +12,7 @@ use nix::errno::Errno;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// One served directory, opened once (O_PATH) in the supervisor's own mount namespace.
 #[derive(Debug)]
@@ -80,12 +81,13 @@ impl Served {
 pub const STATX_MNT_ID: u32 = 0x1000;
 
 /// Where a served path is right now.
-pub enum Lookup<'a> {
+pub enum Lookup {
     /// Under the served directory on this host: answer on the receive thread.
     Local,
-    /// Answer on the receive thread from another host directory (a realm's listing of its
-    /// library prefix, see `realm.rs`).
-    At(&'a Served),
+    /// Answer on the receive thread from another host directory, laid out as the served one
+    /// (a realm's listing of its library prefix; a package being streamed into a memory tree).
+    /// Held, not borrowed: such a directory may be dropped by the resolver meanwhile.
+    At(Arc<Served>),
     /// Known not to be servable (not in the realm's index, or its fetch just failed).
     Fail(Errno),
     /// Must be fetched first: hand the call to a worker. Returned by fetching resolvers
@@ -95,7 +97,7 @@ pub enum Lookup<'a> {
 
 /// Source of served files. `lookup` runs on the receive loop and must not block.
 pub trait Resolver: Send + Sync {
-    fn lookup<'a>(&'a self, served: &'a Served, rest: &Path) -> Lookup<'a>;
+    fn lookup(&self, served: &Served, rest: &Path) -> Lookup;
     /// Runs on a worker thread; may block. After Ok the served path is local.
     fn fetch(&self, _served: &Served, _rest: &Path) -> Result<(), Errno> {
         Err(Errno::ENOENT)
@@ -106,13 +108,20 @@ pub trait Resolver: Send + Sync {
     }
     /// Called once the target has exited normally: finish what must not be left half-done.
     fn finish(&self) {}
+    /// The prefix of the served directory that mount `mnt_id` stands for, if it is one of the
+    /// resolver's [`Lookup::At`] directories that may have been injected as a directory: a
+    /// call relative to such an fd is then decided as one under that prefix, through the
+    /// resolver (never answered by the kernel from that directory).
+    fn mount_prefix(&self, _mnt_id: u64) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// Plain host directories: everything is local.
 pub struct LocalDirs;
 
 impl Resolver for LocalDirs {
-    fn lookup<'a>(&'a self, _served: &'a Served, _rest: &Path) -> Lookup<'a> {
+    fn lookup(&self, _served: &Served, _rest: &Path) -> Lookup {
         Lookup::Local
     }
 }

@@ -559,6 +559,51 @@ except ImportError as e:
     assert!(lines[0].contains(&bucket), "names the bucket: {}", lines[0]);
     assert!(listdir(&r.lib()).is_empty(), "nothing installed");
     assert!(listdir(&cache.join("cas")).is_empty(), "nothing stored");
+    // The package was streamed into a memory tree (a fill process's); nothing is left there.
+    assert_eq!(memory_left(&cache, "r"), Vec::<String>::new());
+}
+
+/// What is left in the memory trees of realm `realm` of the cache root `cache` (this user's,
+/// on /dev/shm): `tree/entry` for every entry of a tree (an empty tree's directory is left
+/// for the next run's sweep).
+fn memory_left(cache: &Path, realm: &str) -> Vec<String> {
+    memory_left_of(cache, realm, nix::unistd::geteuid().as_raw())
+}
+
+/// The directory of realm `realm`'s memory trees, for user `uid`.
+fn memory_dir(cache: &Path, realm: &str, uid: u32) -> PathBuf {
+    use sha2::Digest as _;
+    let realm_dir = cache.join("realms").join(realm);
+    let key = hex::encode(&sha2::Sha256::digest(realm_dir.as_os_str().as_encoded_bytes())[..8]);
+    Path::new("/dev/shm")
+        .join(format!("sigma-supervise-{uid}"))
+        .join(key)
+}
+
+/// [`memory_left`] for user `uid`.
+fn memory_left_of(cache: &Path, realm: &str, uid: u32) -> Vec<String> {
+    let dir = memory_dir(cache, realm, uid);
+    listdir(&dir)
+        .into_iter()
+        .flat_map(|t| {
+            listdir(&dir.join(&t))
+                .into_iter()
+                .map(move |e| format!("{t}/{e}"))
+        })
+        .collect()
+}
+
+/// The counts of `served from memory N files verified there, M calls` in a `--stats` output.
+fn served_from_memory(o: &Output) -> (u64, u64) {
+    let err = stderr(o);
+    let rest = err
+        .split("served from memory ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no memory counts in:\n{err}"));
+    let n = |s: &str| s.split(' ').next().and_then(|n| n.parse().ok()).unwrap();
+    let files = n(rest);
+    let calls = n(rest.split("there, ").nth(1).unwrap());
+    (files, calls)
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -955,6 +1000,11 @@ fn an_ordinary_user_gets_realm_libraries_and_its_lazy_backend_is_fuse() {
         "{}",
         stderr(&out)
     );
+    // Streamed into a memory tree of the user's own (its read-only view made in a user
+    // namespace), emptied once persisted and the run over.
+    let (files, _) = served_from_memory(&out);
+    assert!(files > 0, "{}", stderr(&out));
+    assert_eq!(memory_left_of(&cache, "r", 65534), Vec::<String>::new());
     // The realm's cache is the user's own.
     let lib = cache.join("realms/r/lib");
     assert_eq!(std::fs::metadata(&lib).unwrap().uid(), 65534);
@@ -1188,6 +1238,76 @@ fn import_while_arriving(fill: &str) {
     assert!(served_early.is_some_and(|n| n > 0), "{err}");
 }
 
+/// A cold run's package is streamed into a memory tree and served from there: its directory,
+/// opened while the package's big file is still to come, is a dirfd whose relative opens are
+/// answered through the resolver (the verified file, never a placeholder), and the package is
+/// persisted complete for the next run, which the kernel serves; the memory tree is emptied.
+#[test]
+fn a_cold_run_is_served_from_memory_and_persisted_behind_it() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let half = half_delivered_to(tmp.path(), &cache, READ_BLOB_AT, "always");
+    let (mut child, lines, mut fifo, data) = (half.child, half.lines, half.fifo, half.data);
+    assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
+    // Nothing in the store's lib dir while the run is served: the skeleton is in memory.
+    assert!(listdir(&cache.join("realms/r/lib")).is_empty());
+    let left = memory_left(&cache, "r");
+    assert!(
+        left.iter().any(|e| e.ends_with("/demo_s")),
+        "streamed into a memory tree: {left:?}"
+    );
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    fifo.write_all(&data[data.len() / 2..]).unwrap();
+    drop(fifo);
+    let blob = line_within(&lines).unwrap_or_default();
+    let out = child.wait_with_output().unwrap();
+    show(&out);
+    assert!(out.status.success());
+    let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
+    use sha2::Digest as _;
+    let sha = hex::encode(sha2::Sha256::digest(&want));
+    assert_eq!(blob, format!("blob {} {sha}", want.len()));
+    let (files, calls) = served_from_memory(&out);
+    assert!(files > 0 && calls > 0, "{}", stderr(&out));
+    // Persisted behind the run, complete; the memory tree emptied once the run had ended.
+    interp::settled(&cache);
+    let state = cache.join("realms/r/state");
+    assert!(state.join("demo-s.installed").exists());
+    assert!(!state.join("demo-s.pending").exists());
+    assert_eq!(
+        std::fs::read(cache.join("realms/r/lib/demo_s/blob.bin")).unwrap(),
+        want
+    );
+    assert!(listdir(&cache.join("realms/r/staging")).is_empty());
+    assert_eq!(memory_left(&cache, "r"), Vec::<String>::new());
+    let out = next_run_completes(
+        tmp.path(),
+        &cache,
+        &half.bucket,
+        &half.archive,
+        &data,
+        "always",
+    );
+    assert!(stderr(&out).contains("backend kernel"), "{}", stderr(&out));
+}
+
+/// [`READ_BLOB`], the blob read relative to its directory's fd, opened before the blob is in.
+const READ_BLOB_AT: &str = r#"
+import hashlib, os, sys
+import demo_s
+d = os.open("/sigma/lib/demo_s", os.O_RDONLY | os.O_DIRECTORY)
+print("imported", demo_s.NAME, flush=True)
+sys.stdin.readline()
+try:
+    with open("blob.bin", "rb", opener=lambda p, f: os.open(p, f, dir_fd=d)) as f:
+        data = f.read()
+    print("blob", len(data), hashlib.sha256(data).hexdigest(), flush=True)
+except OSError as e:
+    print("error", e.errno, flush=True)
+"#;
+
 /// The scheduling policy of every thread of process `pid` (field 41 of its `stat`; 5 is
 /// `SCHED_IDLE`, 0 `SCHED_OTHER`), or `None` if it is gone.
 fn policies(pid: i32) -> Option<Vec<String>> {
@@ -1386,6 +1506,12 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
         std::fs::read(cache.join("realms/r/lib/demo_s/blob.bin")).unwrap(),
         want
     );
+    // Its memory tree emptied by the fill process (no run serves from it any more); the
+    // empty directory is the next run's to sweep.
+    assert_eq!(memory_left(&cache, "r"), Vec::<String>::new());
+    let mem = memory_dir(&cache, "r", nix::unistd::geteuid().as_raw());
+    let killed = format!("demo-s.{pid}.");
+    assert!(listdir(&mem).iter().any(|t| t.starts_with(&killed)));
 
     // The next run downloads nothing: the realm is complete and mounted.
     let out = next_run_completes(tmp.path(), &cache, &bucket, &archive, &data, "always");
@@ -1395,6 +1521,21 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
         stderr(&out)
     );
     assert_eq!(listdir(&cache.join("realms/r/lib")), ["demo_s"]);
+    // The realm's next start sweeps the dead supervisor's memory tree.
+    let o = Realm {
+        name: "r",
+        bucket: &bucket,
+        cache: &cache,
+        env: vec![],
+    }
+    .py("import demo_s");
+    assert!(o.status.success());
+    let _ = o;
+    assert!(
+        !listdir(&mem).iter().any(|t| t.starts_with(&killed)),
+        "{:?}",
+        listdir(&mem)
+    );
 }
 
 #[test]
@@ -1426,6 +1567,11 @@ fn kill_9_of_the_fill_process_mid_install_gives_errors_never_zeros_and_the_next_
     assert!(!state.join("demo-s.pending").exists());
     assert!(!state.join("demo-s.installed").exists());
     assert!(listdir(&cache.join("realms/r/lib")).is_empty());
+    // Its memory tree went with it (removed by the supervisor once the process was gone).
+    assert_eq!(
+        listdir(&memory_dir(&cache, "r", nix::unistd::geteuid().as_raw())),
+        Vec::<String>::new()
+    );
 
     // The next run (a regular archive again) installs and serves the package.
     next_run_completes(tmp.path(), &cache, &bucket, &archive, &data, "always");

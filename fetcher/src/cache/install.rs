@@ -7,7 +7,10 @@
 //! linked     (every file in cas/ already) links from cas/ into staging ─▶ journal ─▶ lib/ ─▶ marker
 //! placed     (a Placement is set) skeleton into lib/ under the journal ─▶ GET, each file
 //!            filled in place as it is verified ─▶ cas/ ─▶ marker
-//! delegated  (a Delegate too) the placed install, run by another process
+//! in memory  (a fill process given a memory tree) skeleton into the memory tree ─▶ GET,
+//!            each file filled there as it is verified ─▶ then, behind the run, copied into
+//!            staging ─▶ cas/ ─▶ journal ─▶ lib/ ─▶ marker (the staged install's steps)
+//! delegated  (a Delegate too) the placed or in-memory install, run by another process
 //! ```
 
 use std::io::Read;
@@ -23,8 +26,8 @@ use super::locks::{flock_archive, lock};
 use super::placement::{FileHook, Placement};
 use super::recovery::{stamp_unsynced, undo_killed_install};
 use super::stats::Counters;
-use super::trees::{link_tree, make_dirs};
-use super::unpack::{unpack_files, unpack_tree, Hooks};
+use super::trees::{link_tree, make_dirs, make_subdirs};
+use super::unpack::{link_into_cas, unpack_files, unpack_tree, Hooks};
 use crate::config::FetchConfig;
 use crate::error::{FetchError, IoContext, Result};
 use crate::index::Package;
@@ -225,8 +228,8 @@ impl Installer {
         placement: &Arc<dyn Placement>,
     ) -> Result<Option<u64>> {
         let place = Place {
-            lib: self.lib.clone(),
-            pending: self.pending_path(&pkg.name),
+            tree: self.lib.clone(),
+            pending: Some(self.pending_path(&pkg.name)),
             placement: placement.clone(),
         };
         let n = self
@@ -243,6 +246,78 @@ impl Installer {
             &self.pending_path(&pkg.name),
         )?;
         Ok(Some(n))
+    }
+
+    /// Install `pkg` through the memory tree `mem` (an empty directory on a tmpfs, private to
+    /// this install; package lock held): its skeleton is placed there and each file filled and
+    /// announced as it is verified, so a run is served from memory; only then, behind the run,
+    /// is the package persisted as a staged install is (copied into staging, linked into the
+    /// CAS, journaled, renamed into lib/, marked), crash-safe the same way. Nothing is written
+    /// to lib/ before that, so a killed install leaves no placeholder there. The memory tree
+    /// stays for its readers; removing it is the caller's. Returns the bytes downloaded (`None`:
+    /// every file was in the CAS, and the package was linked from it instead).
+    pub(super) async fn install_in_memory(
+        &self,
+        pkg: &Package,
+        mem: &Path,
+        placement: &Arc<dyn Placement>,
+    ) -> Result<Option<u64>> {
+        self.recover(&pkg.name)?;
+        let path = self
+            .root
+            .join("locks")
+            .join(format!("{}.lock", pkg.archive.sha256));
+        let (held, waited) = flock_archive(&path).await?;
+        if waited && self.in_store(pkg) {
+            drop(held);
+            return self.install(pkg, true).await;
+        }
+        self.stamp_unsynced()?;
+        let place = Place {
+            tree: mem.to_owned(),
+            pending: None,
+            placement: placement.clone(),
+        };
+        let n = self
+            .fetch_unpacked_into(pkg, PathBuf::new(), Some(place))
+            .await?;
+        self.counters
+            .packages_fetched
+            .fetch_add(1, Ordering::Relaxed);
+        let stage = self.realm_dir.join("staging").join(format!(
+            "{}.{}.{:08x}",
+            pkg.name,
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        std::fs::create_dir(&stage).ctx("create dir", &stage)?;
+        let (pkg2, root, mem2, stage2, lib) = (
+            pkg.clone(),
+            self.root.clone(),
+            mem.to_owned(),
+            stage.clone(),
+            self.lib.clone(),
+        );
+        let (marker, pending) = (self.marker_path(&pkg.name), self.pending_path(&pkg.name));
+        let persisted = tokio::task::spawn_blocking(move || {
+            let tree = stage2.join("tree");
+            copy_from_memory(&pkg2, &mem2, &tree)?;
+            link_into_cas(&pkg2, &root, &tree, false)?;
+            move_into_lib(&pkg2, &tree, &lib, &pending)?;
+            // Gone before the marker, as in install_staged.
+            remove_any(&stage2)?;
+            mark_installed(&pkg2, &marker, &pending)
+        })
+        .await
+        .map_err(|e| FetchError::invalid("persist", e))
+        .and_then(|r| r);
+        let _ = remove_any(&stage);
+        if persisted.is_err() {
+            // What was renamed into lib/ goes again (the journal names it).
+            let _ = self.recover(&pkg.name);
+        }
+        drop(held);
+        persisted.map(|()| Some(n))
     }
 
     /// GET the package archive and unpack it into `tree` as its bytes arrive: the body is fed
@@ -285,14 +360,25 @@ impl Installer {
                 None => unpack_tree(&pkg2, reader, &root, &tree, hook.as_deref()),
                 Some(place) => {
                     // The download fills the channel meanwhile.
-                    place_skeleton(&pkg2, &tree, &place.lib, &place.pending)?;
+                    match &place.pending {
+                        Some(pending) => place_skeleton(&pkg2, &tree, &place.tree, pending)?,
+                        None => {
+                            make_subdirs(&pkg2, &place.tree)?;
+                            create_placeholders(&pkg2, &place.tree)?;
+                        }
+                    }
                     place.placement.placed(&pkg2);
                     let past_trace = || place.placement.past_trace(&pkg2);
                     let hooks = Hooks {
                         on_verified: hook.as_deref(),
                         past_trace: Some(&past_trace),
                     };
-                    unpack_files(&pkg2, reader, &root, &place.lib, true, hooks)
+                    unpack_files(&pkg2, reader, &place.tree, true, hooks)?;
+                    // A memory tree reaches the store when it is persisted.
+                    match place.pending {
+                        Some(_) => link_into_cas(&pkg2, &root, &place.tree, true),
+                        None => Ok(()),
+                    }
                 }
             }
         });
@@ -336,10 +422,12 @@ impl Installer {
     }
 }
 
-/// Where an install that streams into the lib dir places its skeleton.
+/// Where an install that streams places its skeleton and fills its files: the lib dir (its
+/// entries journaled in `pending`), or a memory tree (`pending` is `None`: nothing in lib/
+/// until the package is persisted).
 struct Place {
-    lib: PathBuf,
-    pending: PathBuf,
+    tree: PathBuf,
+    pending: Option<PathBuf>,
     placement: Arc<dyn Placement>,
 }
 
@@ -347,6 +435,12 @@ struct Place {
 /// filled), journal its top-level entries in `pending`, and rename them into `lib`.
 fn place_skeleton(pkg: &Package, tree: &Path, lib: &Path, pending: &Path) -> Result<()> {
     make_dirs(pkg, tree)?;
+    create_placeholders(pkg, tree)?;
+    move_into_lib(pkg, tree, lib, pending)
+}
+
+/// Every file of `pkg` in `tree`, empty and owner-writable until filled (its directories made).
+fn create_placeholders(pkg: &Package, tree: &Path) -> Result<()> {
     for_each_in_parallel(&pkg.files, |f| {
         let dst = tree.join(&f.path);
         std::fs::OpenOptions::new()
@@ -356,8 +450,36 @@ fn place_skeleton(pkg: &Package, tree: &Path, lib: &Path, pending: &Path) -> Res
             .open(&dst)
             .map(drop)
             .ctx("create", &dst)
-    })?;
-    move_into_lib(pkg, tree, lib, pending)
+    })
+}
+
+/// Copy `pkg`'s files, verified in the memory tree `mem`, into a new staged `tree` (read-only,
+/// as an unpacked tree's), for [`link_into_cas`] and [`move_into_lib`].
+fn copy_from_memory(pkg: &Package, mem: &Path, tree: &Path) -> Result<()> {
+    make_dirs(pkg, tree)?;
+    for_each_in_parallel(&pkg.files, |f| {
+        let (src, dst) = (mem.join(&f.path), tree.join(&f.path));
+        let mut from = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&src)
+            .ctx("open", &src)?;
+        let mut to = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .open(&dst)
+            .ctx("create", &dst)?;
+        let n = std::io::copy(&mut from, &mut to).ctx("copy into", &dst)?;
+        if n != f.size {
+            return Err(FetchError::IntegrityMismatch {
+                file: src.display().to_string(),
+                expected: format!("size {}", f.size),
+                got: format!("size {n}"),
+            });
+        }
+        Ok(())
+    })
 }
 
 /// `pkg` is complete in the lib dir: write its marker, then drop the journal of its entries.

@@ -472,6 +472,32 @@ impl RealmCache {
         Ok(n.unwrap_or(0))
     }
 
+    /// [`fill`](Self::fill) through the memory tree `mem`, an empty directory on a tmpfs
+    /// private to this install (see `install.rs`, "in memory"): the placement is told of a
+    /// skeleton placed there and the hook of each file verified there; the package is in lib/
+    /// once this returns. Needs a placement ([`set_placement`](Self::set_placement)).
+    pub async fn fill_in_memory(&self, pkg: &Package, mem: &Path) -> Result<u64> {
+        if self.installer.marker_path(&pkg.name).exists() {
+            return Ok(0);
+        }
+        let placement = lock(&self.installer.placement)
+            .clone()
+            .ok_or_else(|| FetchError::invalid("fill in memory", "no placement set"))?;
+        let n = match self.in_store(pkg) {
+            true => self.installer.install(pkg, true).await?,
+            false => {
+                self.installer
+                    .install_in_memory(pkg, mem, &placement)
+                    .await?
+            }
+        };
+        self.installer
+            .counters
+            .packages_installed
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(n.unwrap_or(0))
+    }
+
     /// Build `pkg`'s shared tree if it has none yet (see [`ensure_tree`]).
     pub fn share_tree(&self, pkg: &Package) -> Result<Option<PathBuf>> {
         ensure_tree(&self.installer.root, pkg)

@@ -250,6 +250,11 @@ pub(super) fn link_tree(pkg: &Package, root: &Path, tree: &Path) -> Result<()> {
 /// Create `tree` and every directory of `pkg` in it.
 pub(super) fn make_dirs(pkg: &Package, tree: &Path) -> Result<()> {
     std::fs::create_dir(tree).ctx("create dir", tree)?;
+    make_subdirs(pkg, tree)
+}
+
+/// [`make_dirs`] in an existing (empty) `tree`.
+pub(super) fn make_subdirs(pkg: &Package, tree: &Path) -> Result<()> {
     let mut dirs: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
     for f in &pkg.files {
         let mut p = Path::new(&f.path).parent();

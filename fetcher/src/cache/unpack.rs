@@ -75,7 +75,8 @@ pub(super) fn unpack_tree(
         on_verified,
         past_trace: None,
     };
-    unpack_files(pkg, archive, root, tree, false, hooks)
+    unpack_files(pkg, archive, tree, false, hooks)?;
+    link_into_cas(pkg, root, tree, false)
 }
 
 /// What an install tells as it goes: each verified file, and that the files of the import
@@ -86,12 +87,12 @@ pub(super) struct Hooks<'h> {
     pub(super) past_trace: Option<&'h (dyn Fn() + Sync)>,
 }
 
-/// [`unpack_tree`] into an existing `tree`; `in_place`: the tree is a placed skeleton
+/// [`unpack_tree`] into an existing `tree`, without the CAS step ([`link_into_cas`], which
+/// the caller takes once it may); `in_place`: the tree is a placed skeleton
 /// ([`place_skeleton`]) whose empty files are filled (and made read-only) instead of created.
 pub(super) fn unpack_files(
     pkg: &Package,
     archive: impl Read + Send,
-    root: &Path,
     tree: &Path,
     in_place: bool,
     hooks: Hooks<'_>,
@@ -177,7 +178,13 @@ pub(super) fn unpack_files(
             "missing".into(),
         ));
     }
-    // Only a complete, verified package reaches the CAS.
+    Ok(())
+}
+
+/// Link every file of `tree`, complete and verified ([`unpack_files`]), into the CAS under
+/// `root`: only a complete, verified package reaches it. `in_place`: the tree's files may be
+/// served already (a placed skeleton), so one stored before is swapped in by rename.
+pub(super) fn link_into_cas(pkg: &Package, root: &Path, tree: &Path, in_place: bool) -> Result<()> {
     let cas = root.join("cas");
     for_each_in_parallel(&pkg.files, |f| {
         let (dst, stored) = (tree.join(&f.path), cas.join(&f.sha256));

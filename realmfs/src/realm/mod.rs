@@ -10,7 +10,11 @@
 //! * an entry whose package this run is downloading: its skeleton (every directory and file
 //!   name) is in the lib dir as soon as the download starts ([`fetcher::Placement`]); a
 //!   directory, or a file the unpacker has verified, is served from the lib dir inline, so an
-//!   import runs while the rest of its package is still arriving.
+//!   import runs while the rest of its package is still arriving. A package a fill process
+//!   streams into a memory tree instead ([`crate::memory`]: a tmpfs, its skeleton made there
+//!   in a few ms where the lib dir's disk may take hundreds) is served from there the same
+//!   way ([`crate::serve::Lookup::At`], an fd from it recognised by its mount id) until it is
+//!   persisted into the store and installed.
 //! * otherwise [`crate::serve::Lookup::Fetch`]: a worker of the supervisor's calls
 //!   [`crate::serve::Resolver::fetch`], which starts `RealmCache::ensure_path` on the run's
 //!   tokio runtime (single flight across tasks and

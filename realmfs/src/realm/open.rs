@@ -2,18 +2,21 @@
 //! delegated to fill processes), the prefetch, and the notification path's start.
 #![forbid(unsafe_code)]
 
-use super::fetching::{lock, report_once, reporter};
+use super::fetching::{report_once, reporter};
 use super::plan::RealmPlan;
 use super::python::cache_tag_of;
 use super::resolver::{Detached, Outcomes, RealmResolver};
 use super::streams::Streams;
 use super::superlib::build_superlib;
+use crate::fill::StartedFn;
+use crate::memory::{MemoryRoot, MEMORY_FS};
 use crate::serve::Served;
 use anyhow::{anyhow, Context as _};
 use fetcher::index::TopLevelEntry;
 use fetcher::store::{lazy::LazyStore, StoreOptions};
 use fetcher::{FetchError, Index, RealmCache};
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -115,13 +118,15 @@ impl RealmPlan {
         let cache = RealmCache::open(&self.root, &self.opts.realm, store, cfg)
             .with_context(|| format!("realm {}", self.opts.realm))?;
         let cache = Arc::new(cache);
-        let fill_procs = |started: Box<dyn Fn(&fetcher::index::Package) + Send + Sync>| {
+        let fill_procs = |memory: Option<MemoryRoot>, started: StartedFn| {
             Arc::new(crate::fill::FillProcs {
                 root: self.root.clone(),
                 realm: self.opts.realm.clone(),
                 bucket: self.bucket.clone(),
                 timeout: Duration::from_secs_f64(self.opts.fetch_timeout),
                 lib: self.lib.clone(),
+                memory,
+                prefix: self.opts.lib_prefix.clone(),
                 started,
             })
         };
@@ -131,11 +136,17 @@ impl RealmPlan {
                 streams.attach(&cache);
                 if self.delegate {
                     let weak = Arc::downgrade(streams);
-                    cache.set_delegate(fill_procs(Box::new(move |pkg| {
-                        if let Some(streams) = weak.upgrade() {
-                            lock(&streams.get_or_insert(&pkg.name).state).delegated = true;
-                        }
-                    })));
+                    // A package this run streams is served from a memory tree where one can
+                    // be had (see crate::memory).
+                    let memory = MemoryRoot::for_realm(Path::new(MEMORY_FS), &self.realm_dir);
+                    cache.set_delegate(fill_procs(
+                        memory,
+                        Box::new(move |pkg, memory| {
+                            if let Some(streams) = weak.upgrade() {
+                                streams.delegated(pkg, memory);
+                            }
+                        }),
+                    ));
                 }
             }
             // The lazy backend's downloads go to fill processes too, so a package a run
@@ -143,7 +154,7 @@ impl RealmPlan {
             // image, not the lib dir, shows its names meanwhile.
             None if self.delegate => {
                 cache.set_placement(Arc::new(NoSkeleton));
-                cache.set_delegate(fill_procs(Box::new(|_| {})));
+                cache.set_delegate(fill_procs(None, Box::new(|_, _| {})));
             }
             None => {}
         }
@@ -186,6 +197,8 @@ impl RealmPlan {
             by_pkg: Mutex::new(HashMap::new()),
             idle: Condvar::new(),
             files: AtomicU64::new(0),
+            memory_files: AtomicU64::new(0),
+            mounts: Mutex::new(HashSet::new()),
             bytes: AtomicU64::new(0),
             placed_bytes: AtomicU64::new(0),
             report: std::sync::OnceLock::new(),
@@ -207,7 +220,7 @@ impl RealmPlan {
         Ok(RealmResolver {
             prefix: self.opts.lib_prefix.clone(),
             owners: entries.into_iter().map(|e| (e.name, e.package)).collect(),
-            superlib,
+            superlib: Arc::new(superlib),
             cache,
             rt: Detached::new(rt),
             streams,
@@ -223,6 +236,7 @@ impl RealmPlan {
             }),
             inline_hits: AtomicU64::new(0),
             streamed_hits: AtomicU64::new(0),
+            memory_hits: AtomicU64::new(0),
             lazy_note: self.lazy_note,
         })
     }

@@ -121,8 +121,10 @@ impl RealmPlan {
         if !jailed && !self.host_mount_point() {
             return None;
         }
-        // Served by the lazy backend while it was incomplete: its images are no longer needed.
+        // Served by the lazy backend while it was incomplete: its images are no longer needed;
+        // nor what a killed run left of its memory trees.
         crate::lazy::retire(&self.realm_dir);
+        crate::memory::retire(&self.realm_dir);
         Some(n)
     }
 

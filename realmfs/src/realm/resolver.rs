@@ -18,7 +18,7 @@ pub struct RealmResolver {
     pub(super) prefix: PathBuf,
     /// Top-level entry → owning package (from the realm's index).
     pub(super) owners: HashMap<String, String>,
-    pub(super) superlib: Served,
+    pub(super) superlib: Arc<Served>,
     pub(super) cache: Arc<RealmCache>,
     pub(super) rt: Detached,
     /// Packages being downloaded into the lib dir by this run.
@@ -27,6 +27,8 @@ pub struct RealmResolver {
     pub(super) inline_hits: AtomicU64,
     /// Calls answered inline from a package still being downloaded.
     pub(super) streamed_hits: AtomicU64,
+    /// Of those, the calls answered from a memory tree.
+    pub(super) memory_hits: AtomicU64,
     /// Why the lazy backend does not serve this run.
     pub(super) lazy_note: Option<String>,
 }
@@ -159,12 +161,12 @@ impl RealmResolver {
 }
 
 impl Resolver for RealmResolver {
-    fn lookup<'a>(&'a self, served: &'a Served, rest: &Path) -> Lookup<'a> {
+    fn lookup(&self, served: &Served, rest: &Path) -> Lookup {
         if served.prefix != self.prefix {
             return Lookup::Local;
         }
         if rest.as_os_str().is_empty() {
-            return Lookup::At(&self.superlib);
+            return Lookup::At(self.superlib.clone());
         }
         let Some(pkg) = self.owner(rest) else {
             return Lookup::Fail(Errno::ENOENT);
@@ -175,9 +177,15 @@ impl Resolver for RealmResolver {
         }
         // Being downloaded by this run: what is there already is served from the lib dir.
         if let Some(st) = self.streams.get(pkg) {
-            let servable = index_path(rest).is_some_and(|rel| lock(&st.state).servable(&rel));
-            if servable {
+            let s = lock(&st.state);
+            if index_path(rest).is_some_and(|rel| s.servable(&rel)) {
                 self.streamed_hits.fetch_add(1, Ordering::Relaxed);
+                // Streamed into memory: served from there until the package is installed
+                // (its names are not in the lib dir before).
+                if let (Some(mem), None) = (&s.memory, &s.done) {
+                    self.memory_hits.fetch_add(1, Ordering::Relaxed);
+                    return Lookup::At(mem.clone());
+                }
                 return Lookup::Local;
             }
         }
@@ -254,14 +262,20 @@ impl Resolver for RealmResolver {
         self.streams.wait_placed(FINISH_BOUND);
     }
 
+    fn mount_prefix(&self, mnt_id: u64) -> Option<PathBuf> {
+        lock(&self.streams.mounts)
+            .contains(&mnt_id)
+            .then(|| self.prefix.clone())
+    }
+
     fn report(&self) -> Option<String> {
         let s = self.cache.stats();
         Some(format!(
             "sigma-supervise realm {} ({}): backend notification{}: fetched {} packages, {} \
              bytes, {} GETs; installed {}; cache hits {}; fetch time {:.3} ms; streamed {} \
-             files, {} calls served before their package was complete; {} packages still \
-             arriving (left to their fill processes); decoded during the run {} bytes, after it \
-             (persisted only) {} bytes\n",
+             files, {} calls served before their package was complete; served from memory {} \
+             files verified there, {} calls; {} packages still arriving (left to their fill \
+             processes); decoded during the run {} bytes, after it (persisted only) {} bytes\n",
             self.sh.realm,
             self.sh.bucket,
             self.lazy_note
@@ -276,6 +290,8 @@ impl Resolver for RealmResolver {
             s.fetch_time.as_secs_f64() * 1e3,
             self.streams.files.load(Ordering::Relaxed),
             self.streamed_hits.load(Ordering::Relaxed),
+            self.streams.memory_files.load(Ordering::Relaxed),
+            self.memory_hits.load(Ordering::Relaxed),
             self.streams.arriving(),
             self.streams.bytes.load(Ordering::Relaxed),
             self.streams

@@ -24,7 +24,7 @@ pub struct LazyServed {
 }
 
 impl Resolver for LazyServed {
-    fn lookup<'a>(&'a self, _served: &'a Served, _rest: &Path) -> Lookup<'a> {
+    fn lookup(&self, _served: &Served, _rest: &Path) -> Lookup {
         Lookup::Local
     }
 
@@ -93,7 +93,7 @@ pub struct FuseServed {
 }
 
 impl Resolver for FuseServed {
-    fn lookup<'a>(&'a self, _served: &'a Served, _rest: &Path) -> Lookup<'a> {
+    fn lookup(&self, _served: &Served, _rest: &Path) -> Lookup {
         Lookup::Local
     }
 
@@ -132,7 +132,7 @@ pub struct KernelServed {
 }
 
 impl Resolver for KernelServed {
-    fn lookup<'a>(&'a self, _served: &'a Served, _rest: &Path) -> Lookup<'a> {
+    fn lookup(&self, _served: &Served, _rest: &Path) -> Lookup {
         Lookup::Local
     }
 

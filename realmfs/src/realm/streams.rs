@@ -3,9 +3,10 @@
 #![forbid(unsafe_code)]
 
 use super::fetching::{errno_for, lock, ReportFn};
+use crate::serve::Served;
 use fetcher::{FetchError, RealmCache};
 use nix::errno::Errno;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -21,6 +22,10 @@ pub(super) struct Streams {
     pub(super) idle: Condvar,
     /// Files announced verified while their package was incomplete.
     pub(super) files: AtomicU64,
+    /// Of those, the files verified in a memory tree.
+    pub(super) memory_files: AtomicU64,
+    /// Mount ids of the memory trees this run was served from.
+    pub(super) mounts: Mutex<HashSet<u64>>,
     /// Their bytes: decoded and verified while this run lasted.
     pub(super) bytes: AtomicU64,
     /// Bytes of the packages placed while this run lasted: what is not in `bytes` was (or is
@@ -49,6 +54,9 @@ pub(super) struct StreamState {
     pub(super) started: bool,
     /// The download runs in a fill process, which completes it whether or not this run lasts.
     pub(super) delegated: bool,
+    /// The memory tree it streams into (see [`crate::memory`]): what is servable is served
+    /// from there, until the package is installed.
+    pub(super) memory: Option<Arc<Served>>,
 }
 
 impl StreamState {
@@ -113,6 +121,17 @@ impl Streams {
             .count()
     }
 
+    /// `pkg`'s download went to a fill process, streaming into `memory` if given.
+    pub(super) fn delegated(&self, pkg: &fetcher::index::Package, memory: Option<Arc<Served>>) {
+        if let Some(m) = &memory {
+            lock(&self.mounts).insert(m.mnt_id);
+        }
+        let st = self.get_or_insert(&pkg.name);
+        let mut s = lock(&st.state);
+        s.delegated = true;
+        s.memory = memory;
+    }
+
     pub(super) fn get(&self, pkg: &str) -> Option<Arc<Stream>> {
         lock(&self.by_pkg).get(pkg).cloned()
     }
@@ -130,9 +149,15 @@ impl Streams {
             return;
         };
         for st in lock(&self.by_pkg).values() {
-            let removed = lock(&st.state).pending.as_mut().and_then(|p| p.remove(rel));
+            let mut s = lock(&st.state);
+            let removed = s.pending.as_mut().and_then(|p| p.remove(rel));
+            let memory = s.memory.is_some();
+            drop(s);
             if let Some(size) = removed {
                 self.files.fetch_add(1, Ordering::Relaxed);
+                if memory {
+                    self.memory_files.fetch_add(1, Ordering::Relaxed);
+                }
                 self.bytes.fetch_add(size, Ordering::Relaxed);
                 st.changed.notify_all();
                 return;

@@ -7,7 +7,7 @@ use super::context::Context;
 use super::spec::{Follow, PathArg, ServeCall, Spec};
 use crate::policy::Decide;
 use crate::reply::{answer, Reply};
-use crate::serve::Lookup;
+use crate::serve::{Lookup, Served};
 use crate::stats::Decision;
 use nix::errno::Errno;
 use notify::mem::TargetMem;
@@ -198,11 +198,12 @@ pub fn path_call(
             && !sh.policy.served().is_empty()
             && !(dirfd == libc::AT_FDCWD && proc.cwd_is_start())
         {
-            if let Some(index) = proc
-                .mount_id(n.pid, dirfd)
-                .ok()
-                .and_then(|m| sh.policy.served_mount(m))
-            {
+            if let Some(index) = proc.mount_id(n.pid, dirfd).ok().and_then(|m| {
+                sh.policy.served_mount(m).or_else(|| {
+                    let prefix = sh.resolver.mount_prefix(m)?;
+                    sh.policy.served().iter().position(|s| s.prefix == prefix)
+                })
+            }) {
                 let rest = abs_path.strip_prefix("/").unwrap_or(abs_path).to_path_buf();
                 decision = Decide::Serve { index, rest };
             }
@@ -246,7 +247,7 @@ pub fn path_call(
     let must_exist = arg.must_exist;
     let served = &sh.policy.served()[index];
     let lookup = sh.resolver.lookup(served, &rest);
-    let served = match lookup {
+    let served: &Served = match &lookup {
         Lookup::At(other) => other,
         _ => served,
     };
@@ -274,6 +275,15 @@ pub fn path_call(
             sh.deferred.submit(Box::new(move || {
                 let served = &sh2.policy.served()[index];
                 let r = sh2.resolver.fetch(served, &rest).and_then(|()| {
+                    // Fetched: served where the resolver now says (a memory tree, say).
+                    let now = match sh2.resolver.lookup(served, &rest) {
+                        Lookup::Fail(e) => return Err(e),
+                        l => l,
+                    };
+                    let served: &Served = match &now {
+                        Lookup::At(other) => other,
+                        _ => served,
+                    };
                     (spec.serve)(&ServeCall {
                         listener: &sh2.listener,
                         notif: &n2,
