@@ -299,7 +299,9 @@ impl Installer {
             self.lib.clone(),
         );
         let (marker, pending) = (self.marker_path(&pkg.name), self.pending_path(&pkg.name));
+        let placement = placement.clone();
         let persisted = tokio::task::spawn_blocking(move || {
+            placement.before_persist(&pkg2);
             let tree = stage2.join("tree");
             copy_from_memory(&pkg2, &mem2, &tree)?;
             link_into_cas(&pkg2, &root, &tree, false)?;

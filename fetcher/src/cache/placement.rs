@@ -28,4 +28,9 @@ pub trait Placement: Send + Sync {
     /// writes from here on, an import does not read at its start. Not called for a package
     /// published without a trace.
     fn past_trace(&self, _pkg: &Package) {}
+    /// Every file of `pkg` is verified in its memory tree ([`RealmCache::fill_in_memory`](super::RealmCache::fill_in_memory)):
+    /// returns when it may be persisted. The one exception to "must not block": called on a
+    /// blocking thread of its own, so that a fill process can wait (within a bound) for the
+    /// run it serves to end, and the copy into the store takes nothing from that run.
+    fn before_persist(&self, _pkg: &Package) {}
 }
