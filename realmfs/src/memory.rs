@@ -17,7 +17,8 @@
 //! empties the tree. A tree whose supervisor is dead is removed by the next install of its
 //! package (its lock held: no fill process writes it) or, empty, by any.
 //!
-//! Not used (today's path, the skeleton in lib/): no tmpfs at `/dev/shm`, a package larger
+//! Not used (today's path, the skeleton in lib/): no tmpfs at `/dev/shm`, a cache root on a
+//! tmpfs itself (a copy in memory first would only add a copy), a package larger
 //! than [`MEMORY_SHARE`] of the memory available or half the tmpfs's free space, or a clone
 //! that cannot be made.
 #![forbid(unsafe_code)]
@@ -68,9 +69,17 @@ impl MemoryRoot {
     }
 
     fn make(base: &Path, realm_dir: &Path) -> Result<MemoryRoot, String> {
-        let fs = nix::sys::statfs::statfs(base).map_err(|e| format!("{}: {e}", base.display()))?;
-        if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        let tmpfs = |p: &Path| {
+            nix::sys::statfs::statfs(p)
+                .map(|fs| fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+                .map_err(|e| format!("{}: {e}", p.display()))
+        };
+        if !tmpfs(base)? {
             return Err(format!("{} is not a tmpfs", base.display()));
+        }
+        // A lib dir in memory already gains nothing from a copy in memory first.
+        if tmpfs(realm_dir)? {
+            return Err("the cache root is on a tmpfs itself".into());
         }
         let uid = nix::unistd::geteuid().as_raw();
         let dir = realm_trees(base, realm_dir);
@@ -247,8 +256,13 @@ mod tests {
         {
             assert!(MemoryRoot::for_realm(disk.path(), Path::new("/r")).is_none());
         }
+        // A realm whose cache root is in memory already has none.
+        let shm = tempfile::tempdir_in(MEMORY_FS);
+        if let Ok(shm) = &shm {
+            assert!(MemoryRoot::for_realm(Path::new(MEMORY_FS), shm.path()).is_none());
+        }
         let Some(root) = MemoryRoot::for_realm(Path::new(MEMORY_FS), disk.path()) else {
-            eprintln!("no tmpfs at {MEMORY_FS}: skipped");
+            eprintln!("no tmpfs at {MEMORY_FS}, or the crate's directory is on one: skipped");
             return;
         };
         std::fs::create_dir_all(disk.path().join("state")).unwrap();
