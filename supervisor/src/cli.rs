@@ -135,6 +135,7 @@ pub enum Sub {
 
 const PUBLISH: &str = "publish";
 const DOCTOR: &str = "doctor";
+const POOL_ABOUT: &str = "Keep Python zygotes warm for this user's runs: a run with the pool up starts from a forked, pre-imported proc (`pool --help`)";
 const PUBLISH_ABOUT: &str = "Publish wheels, a requirements file or package directories to a \
                              library bucket (archives first, index last)";
 
@@ -151,6 +152,8 @@ impl clap::Subcommand for Sub {
         let cmd = cmd.subcommand(<doctor::DoctorArgs as clap::Args>::augment_args(
             clap::Command::new(DOCTOR),
         ));
+        // Listed for --help only: `pool` is dispatched before this parser (pool::cli).
+        let cmd = cmd.subcommand(clap::Command::new("pool").about(POOL_ABOUT));
         cmd.subcommand(
             clap::Command::new(PUBLISH)
                 .about(PUBLISH_ABOUT)
