@@ -4,6 +4,11 @@
 use std::path::PathBuf;
 
 /// Keep Python zygotes warm for this user's runs (foreground; --status, --stop).
+///
+/// Siblings forked from one zygote share its address-space layout (ASLR) and the interpreter's
+/// hash seed; each proc reseeds `random` and numpy's global generator. So no zygote serves
+/// forever: after --recycle-after-forks procs or --recycle-after-secs seconds it is replaced by
+/// a fresh one, started ahead of any request.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "sigma-supervise pool")]
 pub struct PoolArgs {
@@ -17,7 +22,16 @@ pub struct PoolArgs {
     #[arg(long, value_name = "PYTHON", default_value = "python3")]
     pub python: PathBuf,
 
-    /// Show the running pool's zygotes.
+    /// Replace a zygote after it has forked this many procs (its replacement is started ahead,
+    /// between requests; the old one serves until the new one is ready).
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub recycle_after_forks: u64,
+
+    /// Replace a zygote once it is this many seconds old (default 15 minutes), as above.
+    #[arg(long, value_name = "SECS", default_value_t = 900)]
+    pub recycle_after_secs: u64,
+
+    /// Show the running pool's zygotes: pid, interpreter, preloads, forks, age.
     #[arg(long, conflicts_with = "stop")]
     pub status: bool,
 
@@ -41,13 +55,18 @@ pub fn main(args: &PoolArgs) -> u8 {
         crate::client::status().map(|zs| {
             println!("pool {}", crate::socket_path().display());
             for z in zs {
-                let state = if z.alive { "ready" } else { "gone" };
+                let state = match (z.alive, z.replacing) {
+                    (false, _) => "gone".to_owned(),
+                    (true, None) => "ready".to_owned(),
+                    (true, Some(old)) => format!("starting (replaces pid {old})"),
+                };
                 println!(
-                    "zygote pid {} {} [{}] forks {} {state}",
+                    "zygote pid {} {} [{}] forks {} age {}s {state}",
                     z.pid,
                     z.python,
                     z.preloads.join(","),
-                    z.forks
+                    z.forks,
+                    z.age_secs
                 );
             }
         })
@@ -66,6 +85,8 @@ pub fn main(args: &PoolArgs) -> u8 {
                         .collect()
                 })
                 .collect(),
+            recycle_after_forks: args.recycle_after_forks,
+            recycle_after: std::time::Duration::from_secs(args.recycle_after_secs),
         };
         crate::server::serve(&opts)
     };

@@ -1,7 +1,7 @@
 //! The client's side: ask the pool for a proc ([`start`]), or for its state ([`status`],
 //! [`stop`]). A warm start gives back what a cold spawn does: the proc's pid and pidfd, its
 //! seccomp listener, the "go" and the report of how it ended; the caller supervises it.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use crate::{wire, PoolError};
 use nix::sys::socket::{
@@ -143,6 +143,31 @@ fn pid_of(pidfd: BorrowedFd<'_>) -> Option<i32> {
         .find_map(|l| l.strip_prefix("Pid:"))
         .and_then(|p| p.trim().parse().ok())
         .filter(|&p| p > 0)
+}
+
+/// Pass `sig` on to a warm proc by its pidfd (pidfd_send_signal, no siginfo: it reads as a
+/// kill(2) from us). A warm proc is outside the terminal's foreground group, so a terminal's
+/// ^C reaches only its client, which passes it on; the proc then ends as a cold one would.
+#[allow(unsafe_code)]
+pub fn forward_signal(pidfd: BorrowedFd<'_>, sig: i32) -> Result<(), PoolError> {
+    // SAFETY: pidfd_send_signal with a descriptor we hold open for the call and a null
+    // siginfo; the kernel reads no memory of ours.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(PoolError::Io {
+            what: "pidfd_send_signal",
+            errno: nix::errno::Errno::last(),
+        });
+    }
+    Ok(())
 }
 
 /// The pool's zygotes, one line each.

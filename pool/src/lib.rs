@@ -20,6 +20,12 @@
 //!   ◀── report pipe: how the proc ended (two bytes) ◀── zygote reaps it
 //! ```
 //!
+//! Recycling: siblings share their zygote's address-space layout and the interpreter's hash
+//! seed (each proc reseeds `random` and numpy's global generator), so a zygote is replaced after
+//! 1000 forks or 15 minutes by default (`pool --recycle-after-forks N --recycle-after-secs S`):
+//! the new one is started between requests and the old one retired once the new is ready,
+//! never on a request's path; `pool --status` shows each zygote's forks and age.
+//!
 //! `wire.rs` is the framing and the messages (a leaf), [`choose`] which runs may be warm,
 //! `zygote.rs` + `zygote.py` a zygote, [`server`] the pool, [`client`] the client's side.
 //! Nothing here decides syscalls: the filter is the client's, compiled as for a cold run.

@@ -3,10 +3,17 @@
 //! connections one at a time: a peer of another uid is refused, a run is handed to the zygote
 //! with the most preloads that fit, `--status` and `--stop` are answered. A zygote found dead
 //! is restarted after the run that found it was told to go cold.
+//!
+//! Recycling (the trust model: siblings share a zygote's ASLR layout and hash seed, so no zygote
+//! serves forever): once a zygote has forked [`PoolOpts::recycle_after_forks`] procs or is
+//! [`PoolOpts::recycle_after`] old, its replacement is started between requests; the old one
+//! serves until the new one is ready, then is retired (it forks no more, its procs end as they
+//! would and their clients hear how). No request waits for a zygote to start.
 #![forbid(unsafe_code)]
 
 use crate::zygote::Zygote;
 use crate::{choose, wire, PoolError};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
     accept4, bind, getsockopt, listen, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
     UnixAddr,
@@ -14,6 +21,7 @@ use nix::sys::socket::{
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// What the pool keeps warm.
 #[derive(Debug, Clone)]
@@ -22,6 +30,10 @@ pub struct PoolOpts {
     pub python: PathBuf,
     /// One zygote per set, besides the one without preloads.
     pub preloads: Vec<Vec<String>>,
+    /// A zygote is replaced after this many forks.
+    pub recycle_after_forks: u64,
+    /// A zygote is replaced once it is this old.
+    pub recycle_after: Duration,
 }
 
 /// Make the socket's directory ours and 0700, refusing one that another user owns.
@@ -68,10 +80,78 @@ fn listen_on(path: &Path) -> Result<OwnedFd, PoolError> {
 
 struct Pool {
     python: PathBuf,
+    /// The serving zygotes, one per preload set.
     zygotes: Vec<Zygote>,
+    /// Replacements being started: (the slot in `zygotes`, the new zygote).
+    coming: Vec<(usize, Zygote)>,
+    /// Retired zygotes whose last procs still run.
+    retired: Vec<Zygote>,
+    recycle_after_forks: u64,
+    recycle_after: Duration,
+    /// A replacement that failed to start is tried again after a while, not in a loop.
+    failed_at: Option<Instant>,
 }
 
 impl Pool {
+    /// Between requests: start the replacement of each zygote that is due, put in place those
+    /// that are ready (retiring the old), reap the retired that have ended.
+    fn tend(&mut self) {
+        let retry = self
+            .failed_at
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+        for i in 0..self.zygotes.len() {
+            let z = &self.zygotes[i];
+            let due = z.forks >= self.recycle_after_forks || z.born.elapsed() >= self.recycle_after;
+            if due && retry && !self.coming.iter().any(|(slot, _)| *slot == i) {
+                match Zygote::spawn(z.python.clone(), z.preloads.clone()) {
+                    Ok(new) => self.coming.push((i, new)),
+                    Err(e) => {
+                        tracing::warn!("pool: recycling {}: {e}", z.describe());
+                        self.failed_at = Some(Instant::now());
+                    }
+                }
+            }
+        }
+        let mut k = 0;
+        while k < self.coming.len() {
+            match self.coming[k].1.poll_ready() {
+                Ok(false) => k += 1,
+                Ok(true) => {
+                    let (slot, new) = self.coming.swap_remove(k);
+                    let mut old = std::mem::replace(&mut self.zygotes[slot], new);
+                    tracing::info!(
+                        "pool: zygote {} replaced by pid {} after {} forks, {} s",
+                        old.describe(),
+                        self.zygotes[slot].pid(),
+                        old.forks,
+                        old.born.elapsed().as_secs()
+                    );
+                    old.retire();
+                    self.retired.push(old);
+                }
+                Err(e) => {
+                    tracing::warn!("pool: {e}");
+                    self.failed_at = Some(Instant::now());
+                    self.coming.swap_remove(k);
+                }
+            }
+        }
+        self.retired.retain_mut(Zygote::alive);
+    }
+
+    /// How long the loop may sleep before [`Pool::tend`] has work: a zygote coming of age.
+    fn next_due(&self) -> Duration {
+        let oldest = self
+            .zygotes
+            .iter()
+            .map(|z| self.recycle_after.saturating_sub(z.born.elapsed()))
+            .min()
+            .unwrap_or(Duration::MAX);
+        let busy = !(self.coming.is_empty() && self.retired.is_empty());
+        // While a replacement starts or a retired zygote finishes, look again soon.
+        oldest.min(Duration::from_millis(if busy { 20 } else { 60_000 }))
+    }
+
     /// Answer one connection; true when asked to stop.
     fn answer(&mut self, conn: OwnedFd) -> Result<bool, PoolError> {
         let cred = getsockopt(&conn, sockopt::PeerCredentials).map_err(|errno| PoolError::Io {
@@ -110,9 +190,22 @@ impl Pool {
                         preloads: z.preloads.clone(),
                         pid: z.pid(),
                         forks: z.forks,
+                        age_secs: z.born.elapsed().as_secs(),
                         alive: z.alive(),
+                        replacing: None,
                     })
                     .collect();
+                let ready = self.zygotes.iter().map(Zygote::pid).collect::<Vec<_>>();
+                let coming = self.coming.iter().map(|(slot, z)| wire::ZygoteStatus {
+                    python: z.python.display().to_string(),
+                    preloads: z.preloads.clone(),
+                    pid: z.pid(),
+                    forks: 0,
+                    age_secs: 0,
+                    alive: true,
+                    replacing: Some(ready[*slot]),
+                });
+                let all: Vec<_> = all.into_iter().chain(coming).collect();
                 wire::send(conn.as_fd(), &all, &[])?;
                 Ok(false)
             }
@@ -190,8 +283,44 @@ pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
         nix::unistd::getuid(),
         path.display()
     );
-    let mut pool = Pool { python, zygotes };
+    let mut pool = Pool {
+        python,
+        zygotes,
+        coming: Vec::new(),
+        retired: Vec::new(),
+        recycle_after_forks: opts.recycle_after_forks.max(1),
+        recycle_after: opts.recycle_after,
+        failed_at: None,
+    };
     loop {
+        pool.tend();
+        let mut fds = vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+        // A replacement's "ready" wakes the loop at once.
+        fds.extend(
+            pool.coming
+                .iter()
+                .map(|(_, z)| PollFd::new(z.ctl(), PollFlags::POLLIN)),
+        );
+        let wait = pool
+            .next_due()
+            .clamp(Duration::from_millis(1), Duration::from_secs(60));
+        let wait = PollTimeout::try_from(wait).unwrap_or(PollTimeout::NONE);
+        match poll(&mut fds, wait) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(errno) => {
+                return Err(PoolError::Io {
+                    what: "poll",
+                    errno,
+                })
+            }
+        }
+        let incoming = fds[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLIN));
+        drop(fds);
+        if !incoming {
+            continue;
+        }
         let conn = match accept4(
             std::os::fd::AsRawFd::as_raw_fd(&listener),
             SockFlag::SOCK_CLOEXEC,

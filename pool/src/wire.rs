@@ -155,7 +155,13 @@ pub struct ZygoteStatus {
     pub preloads: Vec<String>,
     pub pid: i32,
     pub forks: u64,
+    /// Seconds since it was ready.
+    #[serde(default)]
+    pub age_secs: u64,
     pub alive: bool,
+    /// A replacement still starting: the pid of the zygote it will retire.
+    #[serde(default)]
+    pub replacing: Option<i32>,
 }
 
 /// A descriptor accept4(2) just made, owned.

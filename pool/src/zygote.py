@@ -176,7 +176,14 @@ def _zygote():
         except InterruptedError:
             continue
         if not fds:
-            os._exit(0)  # the pool is gone
+            # The pool retired this zygote (or is gone): no more forks; the procs it has end
+            # as they would, and each one's client still hears how.
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+            reap()
+            while ended:
+                signal.sigwait([signal.SIGCHLD])
+                reap()
+            os._exit(0)
         conn = socket.socket(fileno=fds[0])
         conn.settimeout(2)  # a client that stalls holds this zygote up two seconds at most
         try:

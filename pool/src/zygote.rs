@@ -1,16 +1,20 @@
 //! One zygote, seen from the pool: `python3 -c <zygote.py, on stdin> FD PRELOADS` with its end of a
 //! SEQPACKET pair at FD, its environment the pool's without credentials; "ready"
 //! once its preloads are imported and its heap frozen. [`Zygote::hand`] passes it a client's
-//! connection.
+//! connection. A zygote is started ahead of need ([`Zygote::spawn`], then [`Zygote::poll_ready`]
+//! from the pool's loop) and retired without loss ([`Zygote::retire`]: it forks no more, reaps
+//! the procs it has and reports how each ended, then exits).
 #![forbid(unsafe_code)]
 
 use crate::{wire, PoolError};
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::time::Instant;
 
 const SOURCE: &str = include_str!("zygote.py");
 
@@ -19,6 +23,9 @@ pub struct Zygote {
     pub preloads: Vec<String>,
     pub startup: Vec<String>,
     pub forks: u64,
+    /// When it said "ready" (its age counts from there).
+    pub born: Instant,
+    pub ready: bool,
     ctl: OwnedFd,
     child: Child,
 }
@@ -26,6 +33,64 @@ pub struct Zygote {
 impl Zygote {
     /// Start one and wait until it is ready.
     pub fn start(python: PathBuf, preloads: Vec<String>) -> Result<Zygote, PoolError> {
+        let mut z = Zygote::spawn(python, preloads)?;
+        match wire::recv_raw(z.ctl.as_fd())? {
+            Some((m, _)) if m == b"ready" => {
+                z.ready = true;
+                z.born = Instant::now();
+                Ok(z)
+            }
+            _ => Err(z.never_ready()),
+        }
+    }
+
+    fn never_ready(&self) -> PoolError {
+        PoolError::Setup(format!(
+            "the zygote of {} with preloads [{}] ended before it was ready",
+            self.python.display(),
+            self.preloads.join(",")
+        ))
+    }
+
+    /// Whether a zygote [`Zygote::spawn`]ed has said "ready" (without waiting); Err if it ended.
+    pub fn poll_ready(&mut self) -> Result<bool, PoolError> {
+        if self.ready {
+            return Ok(true);
+        }
+        let mut fds = [PollFd::new(self.ctl.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => return Ok(false),
+            Ok(_) => {}
+            Err(errno) => {
+                return Err(PoolError::Io {
+                    what: "poll",
+                    errno,
+                })
+            }
+        }
+        match wire::recv_raw(self.ctl.as_fd())? {
+            Some((m, _)) if m == b"ready" => {
+                self.ready = true;
+                self.born = Instant::now();
+                Ok(true)
+            }
+            _ => Err(self.never_ready()),
+        }
+    }
+
+    /// Its control socket, for the pool's poll while it is not yet ready.
+    pub fn ctl(&self) -> BorrowedFd<'_> {
+        self.ctl.as_fd()
+    }
+
+    /// Tell it to fork no more: it reads what was already handed to it, waits for its procs
+    /// (reporting how each ended to its client), then exits. Reap it with [`Zygote::alive`].
+    pub fn retire(&mut self) {
+        let _ = nix::sys::socket::shutdown(self.ctl.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+    }
+
+    /// Start one; it is ready once [`Zygote::poll_ready`] says so.
+    pub fn spawn(python: PathBuf, preloads: Vec<String>) -> Result<Zygote, PoolError> {
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -69,22 +134,16 @@ impl Zygote {
             use std::io::Write as _;
             let _ = stdin.write_all(SOURCE.as_bytes());
         }
-        let z = Zygote {
+        Ok(Zygote {
             startup: crate::choose::startup_env_of(&env),
             python,
             preloads,
             forks: 0,
+            born: Instant::now(),
+            ready: false,
             ctl: ours,
             child,
-        };
-        match wire::recv_raw(z.ctl.as_fd())? {
-            Some((m, _)) if m == b"ready" => Ok(z),
-            _ => Err(PoolError::Setup(format!(
-                "the zygote of {} with preloads [{}] ended before it was ready",
-                z.python.display(),
-                z.preloads.join(",")
-            ))),
-        }
+        })
     }
 
     pub fn pid(&self) -> i32 {

@@ -1,0 +1,267 @@
+//! Warm procs from a real pool: real CPython zygotes, a real seccomp filter installed in each
+//! proc (it refuses `unshare` with EPERM), the pool's own client API. The test binary runs
+//! itself again in a role (`SIGMA_POOL_TEST_ROLE`): `pool` is `sigma-supervise pool ARGS`,
+//! `client` asks that pool for `python3 ARGS` as the supervisor does, lets it go, forwards the
+//! signals it gets to the proc and exits as the proc ended. Each test has a pool of its own
+//! (`SIGMA_POOL_DIR`). No harness: the tests run in order, each named on its line.
+use sigma_pool as pool;
+use std::ffi::OsString;
+use std::os::fd::AsFd as _;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::Path;
+use std::process::{Child, Command, ExitCode, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const ROLE: &str = "SIGMA_POOL_TEST_ROLE";
+
+fn main() -> ExitCode {
+    match std::env::var(ROLE).as_deref() {
+        Ok("pool") => return pool_role(),
+        Ok("client") => return client_role(),
+        _ => {}
+    }
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let tests: &[(&str, fn())] = &[(
+        "a_zygote_is_recycled_ahead_of_the_request",
+        a_zygote_is_recycled_ahead_of_the_request,
+    )];
+    let mut ran = 0;
+    for (name, test) in tests {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        eprintln!("test {name} ...");
+        test();
+        eprintln!("test {name} ... ok");
+        ran += 1;
+    }
+    eprintln!("test result: ok. {ran} passed");
+    ExitCode::SUCCESS
+}
+
+/// `sigma-supervise pool` with the arguments after ours.
+fn pool_role() -> ExitCode {
+    let args = std::iter::once(OsString::from("pool")).chain(std::env::args_os().skip(1));
+    let args = <pool::cli::PoolArgs as clap::Parser>::parse_from(args);
+    ExitCode::from(pool::cli::main(&args))
+}
+
+/// A seccomp filter as the supervisor hands one over (native `struct sock_filter` array): every
+/// call allowed but `unshare`, refused with EPERM.
+fn filter() -> Vec<u8> {
+    #[cfg(target_arch = "x86_64")]
+    let (arch, unshare) = (0xc000_003e_u32, 272_u32);
+    #[cfg(target_arch = "aarch64")]
+    let (arch, unshare) = (0xc000_00b7_u32, 97_u32);
+    let allow = 0x7fff_0000;
+    let prog: [(u16, u8, u8, u32); 7] = [
+        (0x20, 0, 0, 4),                                // A = seccomp_data.arch
+        (0x15, 1, 0, arch),                             // the native arch? skip the next
+        (0x06, 0, 0, allow),                            // (another arch: allowed)
+        (0x20, 0, 0, 0),                                // A = seccomp_data.nr
+        (0x15, 0, 1, unshare),                          // unshare?
+        (0x06, 0, 0, 0x0005_0000 | libc::EPERM as u32), // SECCOMP_RET_ERRNO | EPERM
+        (0x06, 0, 0, allow),
+    ];
+    let mut bytes = Vec::new();
+    for (code, jt, jf, k) in prog {
+        bytes.extend(code.to_ne_bytes());
+        bytes.extend([jt, jf]);
+        bytes.extend(k.to_ne_bytes());
+    }
+    bytes
+}
+
+/// Ask the pool for `python3 ARGS` as the supervisor does, and supervise it: "go", the signals
+/// we get forwarded to it by pidfd, our exit status the proc's. 90: it would have started cold.
+fn client_role() -> ExitCode {
+    use nix::sys::signal::{SigSet, Signal};
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let argv: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    let env: Vec<Vec<u8>> = std::env::vars_os()
+        .filter(|(k, _)| k != ROLE)
+        .map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat())
+        .collect();
+    let env: Vec<&[u8]> = env.iter().map(Vec::as_slice).collect();
+    let mut forwarded = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        forwarded.add(s);
+    }
+    let python = pool::server::which(Path::new(&args[0])).expect("python3");
+    let req = pool::client::WarmRequest {
+        python: &python,
+        argv: &argv,
+        env: &env,
+        imports: pool::choose::imports_of(&args),
+        startup: pool::choose::startup_env_of(&pool::client::env_pairs(&env)),
+        filter: filter(),
+        fds: Vec::new(),
+    };
+    let s = match pool::client::start(&req) {
+        Ok(pool::client::Outcome::Warm(s)) => s,
+        Ok(pool::client::Outcome::Cold(why)) => {
+            eprintln!("cold start: {why}");
+            return ExitCode::from(90);
+        }
+        Err(e) => {
+            eprintln!("cold start: {e}");
+            return ExitCode::from(90);
+        }
+    };
+    eprintln!("warm start (zygote {})", s.zygote);
+    // As the supervisor: the signals it handles wait for a thread of ours, which passes them on.
+    forwarded.thread_block().unwrap();
+    let pidfd = s.pidfd.try_clone().unwrap();
+    std::thread::spawn(move || loop {
+        if let Ok(sig) = forwarded.wait() {
+            let _ = pool::client::forward_signal(pidfd.as_fd(), sig as i32);
+        }
+    });
+    nix::unistd::write(&s.go, b"g").unwrap();
+    let mut report = [0u8; 2];
+    let n = nix::unistd::read(&s.ended, &mut report).unwrap();
+    assert_eq!(n, 2, "the zygote's report");
+    ExitCode::from(report[0])
+}
+
+struct Pool {
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Pool {
+    fn start(args: &[&str]) -> Pool {
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(args)
+            .env(ROLE, "pool")
+            .env("SIGMA_POOL_DIR", dir.path())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let sock = dir.path().join("pool.sock");
+        let until = Instant::now() + Duration::from_secs(60);
+        while !sock.exists() {
+            assert!(Instant::now() < until, "the pool did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Pool { dir, child }
+    }
+
+    /// `pool --status`: one line per zygote.
+    fn status(&self) -> Vec<String> {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .arg("--status")
+            .env(ROLE, "pool")
+            .env("SIGMA_POOL_DIR", self.dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("zygote pid "))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The client role's command for `python3 ARGS` (the caller adds stdio, limits, ...).
+    fn client(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.arg("python3")
+            .args(args)
+            .env(ROLE, "client")
+            .env("SIGMA_POOL_DIR", self.dir.path())
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.client(args).output().unwrap()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The zygote pid a warm run names, and its stdout.
+fn zygote_of(o: &Output) -> i32 {
+    let err = String::from_utf8_lossy(&o.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("warm start"))
+        .unwrap_or_else(|| panic!("not a warm start: {err}"));
+    let pid = line.rsplit("pid ").next().unwrap().trim_end_matches(')');
+    pid.parse().unwrap()
+}
+
+fn pid_of_status(line: &str) -> i32 {
+    line["zygote pid ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn a_zygote_is_recycled_ahead_of_the_request() {
+    let pool = Pool::start(&["--recycle-after-forks", "2"]);
+    let code = "import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+                print(libc.unshare(0x20000), ctypes.get_errno() == errno.EPERM)";
+    let first = pool.run(&["-c", code]);
+    let second = pool.run(&["-c", code]);
+    for o in [&first, &second] {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        // The proc's own filter refused the call.
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "-1 True\n");
+    }
+    let old = zygote_of(&first);
+    assert_eq!(
+        zygote_of(&second),
+        old,
+        "one zygote serves its first two forks"
+    );
+    // The replacement is started after the second fork, between requests: --status shows it
+    // coming, then in place with no forks yet, while the old one is retired.
+    let until = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let status = pool.status();
+        if status.len() == 1 && pid_of_status(&status[0]) != old {
+            break status;
+        }
+        assert!(Instant::now() < until, "no replacement: {status:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status[0].contains(" forks 0 age "), "{status:?}");
+    assert!(status[0].ends_with(" ready"), "{status:?}");
+    let third = pool.run(&["-c", code]);
+    assert!(
+        third.status.success(),
+        "{}",
+        String::from_utf8_lossy(&third.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&third.stdout), "-1 True\n");
+    let new = zygote_of(&third);
+    assert_ne!(new, old, "the third run came from a new zygote");
+    assert_eq!(new, pid_of_status(&status[0]));
+    // The retired zygote exited once its procs had ended.
+    let gone = Instant::now() + Duration::from_secs(30);
+    while Path::new(&format!("/proc/{old}")).exists() {
+        let state = std::fs::read_to_string(format!("/proc/{old}/stat")).unwrap_or_default();
+        if state.contains(") Z ") {
+            break; // ended, not yet reaped: the pool reaps it on its next round
+        }
+        assert!(Instant::now() < gone, "the retired zygote {old} still runs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
