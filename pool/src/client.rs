@@ -99,6 +99,13 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
         umask: umask.bits(),
         filter: wire::hex(&req.filter),
         fds: req.fds.iter().map(|f| f.as_raw_fd()).collect(),
+        rlimits: rlimits(),
+        // SIGPIPE: ignored by the Rust runtime, not by the user; a cold spawn resets it.
+        ignored: signals_of("SigIgn:")
+            .into_iter()
+            .filter(|&s| s != libc::SIGPIPE)
+            .collect(),
+        blocked: signals_of("SigBlk:"),
     };
     let (ended, ended_tx) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|errno| PoolError::Io {
@@ -134,6 +141,43 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
         ended,
         zygote,
     }))
+}
+
+/// Our limits, each `(resource, soft, hard)`, as a cold proc inherits them.
+fn rlimits() -> Vec<(i32, u64, u64)> {
+    use nix::sys::resource::{getrlimit, Resource};
+    [
+        Resource::RLIMIT_CPU,
+        Resource::RLIMIT_FSIZE,
+        Resource::RLIMIT_DATA,
+        Resource::RLIMIT_STACK,
+        Resource::RLIMIT_CORE,
+        Resource::RLIMIT_RSS,
+        Resource::RLIMIT_NPROC,
+        Resource::RLIMIT_NOFILE,
+        Resource::RLIMIT_MEMLOCK,
+        Resource::RLIMIT_AS,
+        Resource::RLIMIT_LOCKS,
+        Resource::RLIMIT_SIGPENDING,
+        Resource::RLIMIT_MSGQUEUE,
+        Resource::RLIMIT_NICE,
+        Resource::RLIMIT_RTPRIO,
+        Resource::RLIMIT_RTTIME,
+    ]
+    .into_iter()
+    .filter_map(|r| getrlimit(r).ok().map(|(soft, hard)| (r as i32, soft, hard)))
+    .collect()
+}
+
+/// The signals of this thread's `FIELD` mask in /proc (`SigIgn:` ignored, `SigBlk:` blocked).
+fn signals_of(field: &str) -> Vec<i32> {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .unwrap_or(0);
+    (1..=64).filter(|s| mask & (1 << (s - 1)) != 0).collect()
 }
 
 /// The pid a pidfd refers to, in our pid namespace (its fdinfo).

@@ -20,6 +20,13 @@
 //!   ◀── report pipe: how the proc ended (two bytes) ◀── zygote reaps it
 //! ```
 //!
+//! What exec would have given a cold proc, the forked one takes before its filter: the
+//! client's rlimits, its ignored signals ignored and every other disposition the default, its
+//! signal mask, then the interpreter's own start-up handlers; `/proc/self/cmdline` (ps) shows
+//! the run's argv (PR_SET_MM_MAP, which needs no privilege while the exe link stays; where the
+//! kernel refuses it, the zygote's command line stays). Not taken: `/proc/self/exe` and `comm`
+//! are the zygote's interpreter's, as resolved by the pool.
+//!
 //! Recycling: siblings share their zygote's address-space layout and the interpreter's hash
 //! seed (each proc reseeds `random` and numpy's global generator), so a zygote is replaced after
 //! 1000 forks or 15 minutes by default (`pool --recycle-after-forks N --recycle-after-secs S`):

@@ -146,6 +146,17 @@ pub struct Spawn {
     pub filter: String,
     /// The numbers the descriptors after the first four take in the proc.
     pub fds: Vec<i32>,
+    /// The client's limits, `[resource, soft, hard]` (`u64::MAX`: unlimited): a cold proc's
+    /// are its supervisor's.
+    #[serde(default)]
+    pub rlimits: Vec<(i32, u64, u64)>,
+    /// Signals the client ignores: a cold proc keeps them ignored across exec, every other
+    /// disposition is the default's.
+    #[serde(default)]
+    pub ignored: Vec<i32>,
+    /// The client's blocked signals (a cold proc's mask).
+    #[serde(default)]
+    pub blocked: Vec<i32>,
 }
 
 /// A zygote as `--status` shows it.

@@ -19,7 +19,7 @@ def _zygote():
     for name in preloads:
         __import__(name)
     keep = set(sys.modules)
-    import os, gc, json, signal, socket, ctypes, threading, io, fcntl
+    import os, gc, json, signal, socket, ctypes, threading, io, fcntl, resource
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -69,6 +69,57 @@ def _zygote():
                 return r
         return -ctypes.get_errno()
 
+    class MmMap(ctypes.Structure):  # struct prctl_mm_map
+        _fields_ = [(n, ctypes.c_uint64) for n in (
+            "start_code", "end_code", "start_data", "end_data", "start_brk", "brk",
+            "start_stack", "arg_start", "arg_end", "env_start", "env_end", "auxv")] + [
+            ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+
+    libc.malloc.restype = ctypes.c_void_p
+    libc.sbrk.restype = ctypes.c_void_p
+
+    def show_argv(argv):
+        # /proc/self/cmdline (ps) as exec would show it: PR_SET_MM_MAP with the arguments in a
+        # block of ours (never freed), every other field as it is; unprivileged when exe_fd
+        # is left alone. Where the kernel refuses, the zygote's stays (said in the crate doc).
+        blob = b"\0".join(os.fsencode(a) for a in argv) + b"\0"
+        f = open("/proc/self/stat", "rb").read()
+        f = [int(x) for x in f[f.rindex(b")") + 2:].split()[1:]]
+        field = lambda n: f[n - 4]  # proc(5)'s numbering; f starts at field 4
+        addr = libc.malloc(len(blob))
+        if not addr:
+            return
+        ctypes.memmove(addr, blob, len(blob))
+        m = MmMap(field(26), field(27), field(45), field(46), field(47), libc.sbrk(0),
+                  field(28), addr, addr + len(blob), field(50), field(51), 0, 0, 0xFFFFFFFF)
+        libc.prctl(35, 14, ctypes.byref(m), ctypes.sizeof(m), 0)  # PR_SET_MM, PR_SET_MM_MAP
+
+    def take_limits_and_signals(req):
+        # What exec would have left the proc: the client's limits, its ignored signals
+        # ignored and every other disposition the default, its mask; then the interpreter's
+        # own start-up (SIGPIPE and SIGXFSZ ignored, ^C a KeyboardInterrupt unless ignored).
+        for r, soft, hard in req.get("rlimits", []):
+            want = tuple(resource.RLIM_INFINITY if v == (1 << 64) - 1 else v for v in (soft, hard))
+            try:
+                if resource.getrlimit(r) != want:
+                    resource.setrlimit(r, want)
+            except (OSError, ValueError) as e:
+                return "setting limit %d to %s: %s" % (r, want, e)
+        ignored = set(req.get("ignored", []))
+        for s in signal.valid_signals():
+            if s in (signal.SIGKILL, signal.SIGSTOP):
+                continue
+            try:
+                signal.signal(s, signal.SIG_IGN if s in ignored else signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass  # the C library's own (glibc's 32 and 33)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        if signal.SIGINT not in ignored:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, req.get("blocked", []))
+        return None
+
     def stdio(fd, mode, name, old):
         raw = io.FileIO(fd, mode + "b", closefd=False)
         raw.name = name
@@ -108,6 +159,12 @@ def _zygote():
         sys.stdin = sys.__stdin__ = stdio(0, "r", "<stdin>", sys.__stdin__)
         sys.stdout = sys.__stdout__ = stdio(1, "w", "<stdout>", sys.__stdout__)
         sys.stderr = sys.__stderr__ = stdio(2, "w", "<stderr>", sys.__stderr__)
+        argv = [os.fsdecode(bytes.fromhex(a)) for a in req["argv"]]
+        failed = take_limits_and_signals(req)
+        if failed:
+            conn.send(json.dumps({"error": failed}).encode())
+            os._exit(125)
+        show_argv(argv)
         pidfd = os.pidfd_open(os.getpid())
         listener = install(bytes.fromhex(req["filter"]))
         if listener < 0:
@@ -127,7 +184,6 @@ def _zygote():
         for kv in req["env"]:
             k, _, v = bytes.fromhex(kv).partition(b"=")
             os.environb[k] = v
-        argv = [os.fsdecode(bytes.fromhex(a)) for a in req["argv"]]
         sys.orig_argv = argv
         for name in [m for m in sys.modules if m not in keep]:
             del sys.modules[name]

@@ -24,10 +24,16 @@ fn main() -> ExitCode {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let tests: &[(&str, fn())] = &[(
-        "a_zygote_is_recycled_ahead_of_the_request",
-        a_zygote_is_recycled_ahead_of_the_request,
-    )];
+    let tests: &[(&str, fn())] = &[
+        (
+            "a_zygote_is_recycled_ahead_of_the_request",
+            a_zygote_is_recycled_ahead_of_the_request,
+        ),
+        (
+            "warm_procs_take_the_clients_limits_signals_and_argv",
+            warm_procs_take_the_clients_limits_signals_and_argv,
+        ),
+    ];
     let mut ran = 0;
     for (name, test) in tests {
         if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
@@ -264,4 +270,98 @@ fn a_zygote_is_recycled_ahead_of_the_request() {
         assert!(Instant::now() < gone, "the retired zygote {old} still runs");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The interpreter itself (not a launcher script on PATH): cold and warm runs name the same.
+fn real_python() -> String {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// What a proc inherits from whoever started it, as it sees it.
+const INHERITED: &str = r#"
+import resource, signal, sys
+for n in sorted(n for n in dir(resource) if n.startswith("RLIMIT_")):
+    print(n, resource.getrlimit(getattr(resource, n)))
+for s in sorted(signal.valid_signals()):
+    try:
+        h = signal.getsignal(s)
+    except ValueError:
+        continue
+    print(s, h.name if isinstance(h, signal.Handlers) else getattr(h, "__name__", h))
+print("blocked", sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+print("cmdline", open("/proc/self/cmdline", "rb").read().split(b"\0"))
+print("argv", sys.argv, sys.orig_argv)
+"#;
+
+fn warm_procs_take_the_clients_limits_signals_and_argv() {
+    let python = real_python();
+    let pool = Pool::start(&["--python", &python]);
+    // A launcher that ignores SIGHUP and SIGUSR1, blocks SIGUSR2 and lowers three limits
+    // (the pool has none of these), then execs the cold proc or the warm proc's client.
+    let launcher = [
+        "env",
+        "--ignore-signal=HUP,USR1",
+        "--block-signal=USR2",
+        "prlimit",
+        "--nofile=200:300",
+        "--core=0:0",
+        "--stack=4194304:16777216",
+        "--",
+    ];
+    let args = [python.as_str(), "-c", INHERITED, "one", "two words"];
+    let cold = Command::new(launcher[0])
+        .args(&launcher[1..])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        cold.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cold.stderr)
+    );
+    let client = pool.client(&args[1..]);
+    let warm = Command::new(launcher[0])
+        .args(&launcher[1..])
+        .arg(client.get_program())
+        .arg(&python)
+        .args(&args[1..])
+        .env(ROLE, "client")
+        .env("SIGMA_POOL_DIR", pool.dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        warm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&warm.stderr)
+    );
+    zygote_of(&warm);
+    let (cold, warm) = (
+        String::from_utf8_lossy(&cold.stdout),
+        String::from_utf8_lossy(&warm.stdout),
+    );
+    // The launcher's settings are there, cold and warm alike.
+    for line in [
+        "RLIMIT_NOFILE (200, 300)",
+        "RLIMIT_CORE (0, 0)",
+        "RLIMIT_STACK (4194304, 16777216)",
+        &format!("{} SIG_IGN", libc::SIGHUP),
+        &format!("{} SIG_IGN", libc::SIGUSR1),
+        &format!("{} SIG_DFL", libc::SIGTERM),
+        &format!("{} default_int_handler", libc::SIGINT),
+        &format!("{} SIG_IGN", libc::SIGPIPE),
+        "blocked [<Signals.SIGUSR2: 12>]",
+        "cmdline [b'",
+    ] {
+        assert!(
+            cold.lines().any(|l| l.starts_with(line)),
+            "cold lacks {line}:\n{cold}"
+        );
+    }
+    assert_eq!(warm, cold);
 }
