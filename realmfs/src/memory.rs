@@ -4,8 +4,9 @@
 //!
 //! ```text
 //! /dev/shm/sigma-supervise-<uid>/                  mode 0700, ours, a tmpfs
-//!   <realm key>/                                    one per realm (a hash of its directory)
-//!     <pkg>.<supervisor pid>.<n>/<entries>          one package's tree, laid out as lib/
+//!   <realm key>.<pkg>.<supervisor pid>.<n>/<entries>
+//!                      one package's tree, laid out as lib/ (the key: a hash of the realm's
+//!                      directory)
 //! ```
 //!
 //! The supervisor makes a package's tree (empty), opens it as a read-only detached clone (a
@@ -14,8 +15,9 @@
 //! process places the skeleton there and fills each file as it is verified
 //! ([`fetcher::RealmCache::fill_in_memory`]); the target is served from the clone, never told
 //! the path. Once the package is persisted (`ok`) and the run has ended, the fill process
-//! empties the tree. A tree whose supervisor is dead is removed by the next install of its
-//! package (its lock held: no fill process writes it) or, empty, by any.
+//! empties the tree. A tree whose supervisor is dead is removed, empty, by any later cold or
+//! complete start, and with what it holds by one of its realm's once no fill process holds
+//! its package's lock.
 //!
 //! Not used (today's path, the skeleton in lib/): no tmpfs at `/dev/shm`, a cache root on a
 //! tmpfs itself (a copy in memory first would only add a copy), a package larger
@@ -37,10 +39,13 @@ pub const MEMORY_FS: &str = "/dev/shm";
 /// The largest share of `MemAvailable` one package's unpacked files may take in a memory tree.
 pub const MEMORY_SHARE: u64 = 4;
 
-/// One realm's directory of memory trees.
+/// One realm's memory trees.
 #[derive(Debug, Clone)]
 pub struct MemoryRoot {
+    /// This user's directory of memory trees (every realm's).
     pub dir: PathBuf,
+    /// The realm's key, its trees' names' first part.
+    key: String,
     /// The realm's `state/` (its packages' locks).
     state: PathBuf,
 }
@@ -55,9 +60,9 @@ pub struct MemoryTree {
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 impl MemoryRoot {
-    /// The memory trees' directory of the realm at `realm_dir` under `base` (normally
-    /// [`MEMORY_FS`]), made if needed; `None` (said at debug level) if `base` is no tmpfs or
-    /// the directory is not this user's alone.
+    /// The memory trees of the realm at `realm_dir` under `base` (normally [`MEMORY_FS`]),
+    /// their directory made if needed; `None` (said at debug level) if `base` is no tmpfs, the
+    /// realm is on one, or the directory is not this user's alone.
     pub fn for_realm(base: &Path, realm_dir: &Path) -> Option<MemoryRoot> {
         match Self::make(base, realm_dir) {
             Ok(r) => Some(r),
@@ -82,13 +87,8 @@ impl MemoryRoot {
             return Err("the cache root is on a tmpfs itself".into());
         }
         let uid = nix::unistd::geteuid().as_raw();
-        let dir = realm_trees(base, realm_dir);
-        private_dir(dir.parent().unwrap_or(base), uid)?;
-        private_dir(&dir, uid)?;
-        let root = MemoryRoot {
-            dir,
-            state: realm_dir.join("state"),
-        };
+        let root = MemoryRoot::of(base, realm_dir);
+        private_dir(&root.dir, uid)?;
         root.sweep(None);
         Ok(root)
     }
@@ -108,7 +108,8 @@ impl MemoryRoot {
             return None;
         }
         let dir = self.dir.join(format!(
-            "{}.{}.{}",
+            "{}.{}.{}.{}",
+            self.key,
             pkg.name,
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
@@ -140,7 +141,7 @@ impl MemoryRoot {
         };
         for e in rd.flatten() {
             let name = e.file_name();
-            let Some((who, pid)) = name.to_str().and_then(owner_of) else {
+            let Some((key, who, pid)) = name.to_str().and_then(owner_of) else {
                 continue;
             };
             let alive = pid == std::process::id()
@@ -148,7 +149,8 @@ impl MemoryRoot {
             if alive {
                 continue;
             }
-            if std::fs::remove_dir(e.path()).is_ok() {
+            // An empty one, any realm's; one with files, only of this realm (its locks).
+            if std::fs::remove_dir(e.path()).is_ok() || key != self.key {
                 continue;
             }
             let free = held == Some(who) || {
@@ -164,32 +166,35 @@ impl MemoryRoot {
     }
 }
 
-/// Where this user's memory trees of the realm at `realm_dir` are, under `base`.
-fn realm_trees(base: &Path, realm_dir: &Path) -> PathBuf {
-    let uid = nix::unistd::geteuid().as_raw();
-    let key = hex::encode(&sha2::Sha256::digest(realm_dir.as_os_str().as_encoded_bytes())[..8]);
-    base.join(format!("sigma-supervise-{uid}")).join(key)
+impl MemoryRoot {
+    /// Where this user's memory trees of the realm at `realm_dir` are, under `base`.
+    fn of(base: &Path, realm_dir: &Path) -> MemoryRoot {
+        let uid = nix::unistd::geteuid().as_raw();
+        let digest = sha2::Sha256::digest(realm_dir.as_os_str().as_encoded_bytes());
+        MemoryRoot {
+            dir: base.join(format!("sigma-supervise-{uid}")),
+            key: hex::encode(&digest[..8]),
+            state: realm_dir.join("state"),
+        }
+    }
 }
 
-/// Sweep what dead supervisors left of the realm at `realm_dir`'s memory trees (see
-/// [`MemoryRoot`]), if it has any: a complete realm's start, which opens no cache.
+/// Sweep what dead supervisors left in memory trees (see [`MemoryRoot`]), if this user has
+/// any: a complete realm's start, which opens no cache.
 pub fn retire(realm_dir: &Path) {
-    let dir = realm_trees(Path::new(MEMORY_FS), realm_dir);
-    if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
-        let root = MemoryRoot {
-            dir,
-            state: realm_dir.join("state"),
-        };
+    let root = MemoryRoot::of(Path::new(MEMORY_FS), realm_dir);
+    if std::fs::symlink_metadata(&root.dir).is_ok_and(|m| m.is_dir()) {
         root.sweep(None);
     }
 }
 
-/// `<pkg>.<pid>.<n>` → (pkg, pid).
-fn owner_of(name: &str) -> Option<(&str, u32)> {
-    let (rest, n) = name.rsplit_once('.')?;
+/// `<key>.<pkg>.<pid>.<n>` → (key, pkg, pid).
+fn owner_of(name: &str) -> Option<(&str, &str, u32)> {
+    let (key, rest) = name.split_once('.')?;
+    let (rest, n) = rest.rsplit_once('.')?;
     let (pkg, pid) = rest.rsplit_once('.')?;
     n.parse::<u32>().ok()?;
-    Some((pkg, pid.parse().ok()?))
+    Some((key, pkg, pid.parse().ok()?))
 }
 
 /// Empty the memory tree `dir` (a fill process's last step: the package is persisted and the
@@ -239,12 +244,13 @@ mod tests {
 
     #[test]
     fn tree_names_tell_their_package_and_supervisor() {
-        assert_eq!(owner_of("numpy.123.0"), Some(("numpy", 123)));
+        assert_eq!(owner_of("k.numpy.123.0"), Some(("k", "numpy", 123)));
         assert_eq!(
-            owner_of("zope.interface.77.5"),
-            Some(("zope.interface", 77))
+            owner_of("k.zope.interface.77.5"),
+            Some(("k", "zope.interface", 77))
         );
-        assert_eq!(owner_of("numpy.x.0"), None);
+        assert_eq!(owner_of("k.numpy.x.0"), None);
+        assert_eq!(owner_of("numpy.1.0"), None);
         assert_eq!(owner_of("numpy"), None);
     }
 
@@ -266,29 +272,41 @@ mod tests {
             return;
         };
         std::fs::create_dir_all(disk.path().join("state")).unwrap();
+        let tree = |name: &str| root.dir.join(format!("{}.{name}", root.key));
         // A supervisor that no longer exists (pid_max is at most 2^22).
-        let dead = root.dir.join("p.4194305.0");
+        let dead = tree("p.4194305.0");
         std::fs::create_dir_all(dead.join("p")).unwrap();
         std::fs::write(dead.join("p/x.py"), "x").unwrap();
         // Another package's, its lock held (a fill process persisting from it), then not.
-        let other = root.dir.join("q.4194305.1");
+        let other = tree("q.4194305.1");
         std::fs::create_dir_all(other.join("q")).unwrap();
         let lock = std::fs::File::create(disk.path().join("state/q.lock")).unwrap();
         let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
-        let empty = root.dir.join("r.4194305.2");
+        let empty = tree("r.4194305.2");
         std::fs::create_dir_all(&empty).unwrap();
+        // Another realm's: swept when empty, else left to that realm.
+        let (elsewhere, elsewhere_empty) = (
+            root.dir.join("0000000000000000.t.4194305.4"),
+            root.dir.join("0000000000000000.u.4194305.5"),
+        );
+        std::fs::create_dir_all(elsewhere.join("t")).unwrap();
+        std::fs::create_dir_all(&elsewhere_empty).unwrap();
         // A live supervisor's (this process's) stays, whatever it holds.
-        let live = root.dir.join(format!("s.{}.3", std::process::id()));
+        let live = tree(&format!("s.{}.3", std::process::id()));
         std::fs::create_dir_all(live.join("s")).unwrap();
         root.sweep(Some("p"));
         assert!(!dead.exists());
         assert!(other.exists(), "a tree whose package's lock is held stays");
         assert!(!empty.exists());
         assert!(live.exists());
+        assert!(elsewhere.exists());
+        assert!(!elsewhere_empty.exists());
         drop(held);
         root.sweep(None);
         assert!(!other.exists());
         assert!(live.exists());
-        let _ = std::fs::remove_dir_all(&root.dir);
+        for d in [live, elsewhere] {
+            std::fs::remove_dir_all(d).unwrap();
+        }
     }
 }

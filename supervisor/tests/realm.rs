@@ -570,20 +570,24 @@ fn memory_left(cache: &Path, realm: &str) -> Vec<String> {
     memory_left_of(cache, realm, nix::unistd::geteuid().as_raw())
 }
 
-/// The directory of realm `realm`'s memory trees, for user `uid`.
-fn memory_dir(cache: &Path, realm: &str, uid: u32) -> PathBuf {
+/// The memory trees of realm `realm` (their names, `<realm key>.<package>.<supervisor pid>.<n>`),
+/// for user `uid`, and their directory.
+fn memory_trees(cache: &Path, realm: &str, uid: u32) -> (PathBuf, Vec<String>) {
     use sha2::Digest as _;
     let realm_dir = cache.join("realms").join(realm);
     let key = hex::encode(&sha2::Sha256::digest(realm_dir.as_os_str().as_encoded_bytes())[..8]);
-    Path::new("/dev/shm")
-        .join(format!("sigma-supervise-{uid}"))
-        .join(key)
+    let dir = Path::new("/dev/shm").join(format!("sigma-supervise-{uid}"));
+    let trees = listdir(&dir)
+        .into_iter()
+        .filter(|t| t.starts_with(&format!("{key}.")))
+        .collect();
+    (dir, trees)
 }
 
 /// [`memory_left`] for user `uid`.
 fn memory_left_of(cache: &Path, realm: &str, uid: u32) -> Vec<String> {
-    let dir = memory_dir(cache, realm, uid);
-    listdir(&dir)
+    let (dir, trees) = memory_trees(cache, realm, uid);
+    trees
         .into_iter()
         .flat_map(|t| {
             listdir(&dir.join(&t))
@@ -1520,9 +1524,9 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
     // Its memory tree emptied by the fill process (no run serves from it any more); the
     // empty directory is the next run's to sweep.
     assert_eq!(memory_left(&cache, "r"), Vec::<String>::new());
-    let mem = memory_dir(&cache, "r", nix::unistd::geteuid().as_raw());
-    let killed = format!("demo-s.{pid}.");
-    assert!(listdir(&mem).iter().any(|t| t.starts_with(&killed)));
+    let trees = || memory_trees(&cache, "r", nix::unistd::geteuid().as_raw()).1;
+    let killed = format!(".demo-s.{pid}.");
+    assert!(trees().iter().any(|t| t.contains(&killed)), "{:?}", trees());
 
     // The next run downloads nothing: the realm is complete and mounted.
     let out = next_run_completes(tmp.path(), &cache, &bucket, &archive, &data, "always");
@@ -1543,9 +1547,9 @@ fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install
     assert!(o.status.success());
     let _ = o;
     assert!(
-        !listdir(&mem).iter().any(|t| t.starts_with(&killed)),
+        !trees().iter().any(|t| t.contains(&killed)),
         "{:?}",
-        listdir(&mem)
+        trees()
     );
 }
 
@@ -1580,7 +1584,7 @@ fn kill_9_of_the_fill_process_mid_install_gives_errors_never_zeros_and_the_next_
     assert!(listdir(&cache.join("realms/r/lib")).is_empty());
     // Its memory tree went with it (removed by the supervisor once the process was gone).
     assert_eq!(
-        listdir(&memory_dir(&cache, "r", nix::unistd::geteuid().as_raw())),
+        memory_trees(&cache, "r", nix::unistd::geteuid().as_raw()).1,
         Vec::<String>::new()
     );
 
