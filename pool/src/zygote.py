@@ -217,6 +217,20 @@ def _zygote():
             # Reported as the interpreter reports it, without this frame.
             e.__traceback__ = e.__traceback__.tb_next
             sys.excepthook(type(e), e, e.__traceback__)
+            if isinstance(e, KeyboardInterrupt):
+                # As CPython ends on an unhandled ^C: finalised (threads joined, atexit run,
+                # output flushed), then killed by SIGINT, so its parent sees the signal.
+                if "threading" in sys.modules:
+                    sys.modules["threading"]._shutdown()
+                __import__("atexit")._run_exitfuncs()
+                for f in (sys.stdout, sys.stderr):
+                    try:
+                        f.flush()
+                    except (OSError, ValueError):
+                        pass
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+                os.kill(os.getpid(), signal.SIGINT)
             raise SystemExit(1)
         raise SystemExit(0)
 

@@ -33,6 +33,10 @@ fn main() -> ExitCode {
             "warm_procs_take_the_clients_limits_signals_and_argv",
             warm_procs_take_the_clients_limits_signals_and_argv,
         ),
+        (
+            "ctrl_c_through_a_pseudo_terminal_ends_a_warm_proc_as_a_cold_one",
+            ctrl_c_through_a_pseudo_terminal_ends_a_warm_proc_as_a_cold_one,
+        ),
     ];
     let mut ran = 0;
     for (name, test) in tests {
@@ -130,6 +134,15 @@ fn client_role() -> ExitCode {
     let mut report = [0u8; 2];
     let n = nix::unistd::read(&s.ended, &mut report).unwrap();
     assert_eq!(n, 2, "the zygote's report");
+    // Killed by a signal: so are we, as a shell would see the proc end.
+    if let Ok(sig) = Signal::try_from(i32::from(report[1])) {
+        // SAFETY: SIG_DFL installs no handler; nothing of ours runs on the signal.
+        let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
+        let mut only = SigSet::empty();
+        only.add(sig);
+        let _ = only.thread_unblock();
+        let _ = nix::sys::signal::raise(sig);
+    }
     ExitCode::from(report[0])
 }
 
@@ -364,4 +377,90 @@ fn warm_procs_take_the_clients_limits_signals_and_argv() {
         );
     }
     assert_eq!(warm, cold);
+}
+
+/// Runs `ARGV` on a pseudo-terminal as a terminal's job (^C's default action), prints "ready"
+/// once the program said so, types ^C, and prints what the program said after and how the
+/// job ended (supervisor/tests/everyday.rs's ^C test drives its runs the same way).
+const PTY_DRIVER: &str = r#"
+import os, pty, select, signal, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.execv(sys.argv[1], sys.argv[1:])
+out = b""
+def read_until(token, limit):
+    global out
+    end = time.monotonic() + limit
+    while token not in out and time.monotonic() < end:
+        if select.select([fd], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(fd, 1024)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+read_until(b"ready", 60)
+os.write(fd, b"\x03")
+read_until(b"\x00never", 30)
+_, status = os.waitpid(pid, 0)
+said = out.split(b"ready", 1)[-1].replace(b"\r", b"")
+print("interrupted" if b"interrupted" in said else "", "KeyboardInterrupt" if b"KeyboardInterrupt" in said else "", os.waitstatus_to_exitcode(status))
+"#;
+
+fn ctrl_c_through_a_pseudo_terminal_ends_a_warm_proc_as_a_cold_one() {
+    let python = real_python();
+    let pool = Pool::start(&["--python", &python]);
+    // Handled (its handler runs, its exit status is the program's), and not handled (the
+    // interpreter's traceback, then killed by SIGINT as CPython ends on an unhandled ^C).
+    let handled = "import sys, time\ntry:\n    print('ready', flush=True)\n    time.sleep(60)\n\
+                   except KeyboardInterrupt:\n    print('interrupted', flush=True)\n    sys.exit(3)\n";
+    let unhandled = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n";
+    for (prog, want) in [
+        (handled, "interrupted  3\n".to_owned()),
+        (unhandled, format!(" KeyboardInterrupt -{}\n", libc::SIGINT)),
+    ] {
+        let drive = |argv: &[&std::ffi::OsStr]| {
+            let o = Command::new(&python)
+                .args(["-c", PTY_DRIVER])
+                .args(argv)
+                .env(ROLE, "client")
+                .env("SIGMA_POOL_DIR", pool.dir.path())
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        };
+        let args = [python.as_ref(), "-c".as_ref(), prog.as_ref()];
+        let cold = drive(&args);
+        assert_eq!(cold, want, "cold");
+        let exe = std::env::current_exe().unwrap();
+        let warm = drive(&[&[exe.as_os_str()][..], &args].concat());
+        assert_eq!(warm, want, "warm");
+    }
+    // kill(1) of the client: the proc gets the signal and ends by it, as a cold one would.
+    let mut client = pool.client(&[
+        "-c",
+        "import time\nprint('ready', flush=True)\ntime.sleep(60)",
+    ]);
+    client.env("PATH", Path::new(&python).parent().unwrap()); // python3: the pool's
+    let mut child = client
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = [0u8; 6];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut ready).unwrap();
+    assert_eq!(&ready, b"ready\n");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let o = child.wait_with_output().unwrap();
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGTERM),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

@@ -206,6 +206,9 @@ impl OnDemand for NotifyThread {
 ///
 /// `on_demand` is work started only once its fd becomes readable (the notification thread,
 /// the embedded σOS server's connection): a program that never needs it costs no thread.
+///
+/// `warm` is a warm proc's pidfd (not our child): signals are passed on by it.
+#[allow(clippy::too_many_arguments)]
 fn wait_all(
     main_pid: i32,
     grace: Duration,
@@ -214,6 +217,7 @@ fn wait_all(
     wait_for_init: bool,
     mut on_demand: Vec<Box<dyn OnDemand>>,
     evict: fn() -> bool,
+    warm: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> anyhow::Result<Ended> {
     // init's report, kept while init itself is waited for (`wait_for_init`): its own exit
     // status cannot tell a signal from an exit status of 128+N.
@@ -317,6 +321,11 @@ fn wait_all(
         if sig == libc::SIGTERM && evict() {
             continue;
         }
+        // A warm proc is in no group of the terminal's: it gets every signal from us.
+        if let Some(pidfd) = warm {
+            let _ = pool::client::forward_signal(pidfd, sig);
+            continue;
+        }
         // A terminal's ^C reaches the whole foreground group (SI_KERNEL): the child has it.
         if code != libc::SI_KERNEL {
             if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
@@ -397,8 +406,9 @@ pub fn supervise(
     let cgroup = child.cgroup.take();
     let _host_lock = child.host_lock.take();
     let ended = child.ended_rx.take();
+    let warm = child.warm.take();
     if let Err(errno) = child.exec_result() {
-        let _ = wait_all(pid, grace, jailed, None, false, on_demand, evict);
+        let _ = wait_all(pid, grace, jailed, None, false, on_demand, evict, None);
         let e = Errno::from_raw(errno);
         return Err(Failure {
             error: anyhow!("cannot execute {display}: {}", e.desc()),
@@ -413,6 +423,7 @@ pub fn supervise(
         cgroup.is_some(),
         on_demand,
         evict,
+        warm.as_ref().map(|f| f.as_fd()),
     )?;
     jail::mark("ended");
     let code = end.code();

@@ -108,6 +108,9 @@ pub struct Child {
     pub host_lock: Option<std::sync::Arc<jail::hostid::Lock>>,
     /// `pid` is the init of the proc's pid namespace (else the target, with no jail).
     pub jailed: bool,
+    /// A warm proc's pidfd: not our child nor in the terminal's foreground group, so every
+    /// signal we are to pass on (a terminal's ^C too) goes to it by this.
+    pub warm: Option<OwnedFd>,
 }
 
 impl Child {
@@ -268,6 +271,7 @@ pub fn spawn_bare(p: Prepared) -> Result<Child, Failure> {
         cgroup: None,
         host_lock: None,
         jailed: false,
+        warm: None,
     })
     // `p` (with the scratch bind sources) drops here: the child's mounts are made (the listener
     // only comes after them) and keep the inodes alive.

@@ -418,5 +418,6 @@ pub(super) fn spawn_jailed(mut p: Prepared, spec: jail::JailSpec) -> Result<Chil
         cgroup,
         host_lock: plan.spec.host_lock.take(),
         jailed: true,
+        warm: None,
     })
 }

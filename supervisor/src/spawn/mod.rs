@@ -65,6 +65,7 @@ pub fn warm_or_cold(p: Prepared, sendmsg: bool, warm: bool) -> Result<(Child, St
         cgroup,
         host_lock,
         jailed,
+        warm: Some(s.pidfd),
     };
     Ok((child, said))
 }
