@@ -44,7 +44,10 @@ pub struct PoolArgs {
 pub fn main_if_asked() {
     let mut args = std::env::args_os();
     if args.nth(1).is_some_and(|a| a == "pool") {
-        let args = <PoolArgs as clap::Parser>::parse_from(std::env::args_os().skip(1));
+        // Named in full: usage and errors say `sigma-supervise pool`.
+        let name = std::ffi::OsString::from("sigma-supervise pool");
+        let rest = std::env::args_os().skip(2);
+        let args = <PoolArgs as clap::Parser>::parse_from(std::iter::once(name).chain(rest));
         std::process::exit(i32::from(main(&args)));
     }
 }
