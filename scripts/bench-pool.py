@@ -11,6 +11,12 @@ then keeps a zygote that preloaded it).
     python3 scripts/bench-pool.py -n 40
     python3 scripts/bench-pool.py -n 40 --numpy-wheel ~/.cache/sigma-ci/wheels/numpy__2.1.3/numpy-*.whl
 
+--throughput: starts per core per second instead, each variant (bare, cold --no-jail, warm)
+running `python3 -c pass` --runs times from --clients concurrent clients (64: the issue's
+count), the variants in turn round after round; the medians of the rounds' rates.
+
+    python3 scripts/bench-pool.py --throughput -n 5 --runs 640
+
 The supervisor defaults to the release build scripts/build made last. The pool runs in a
 directory of its own (SIGMA_POOL_DIR) and is stopped at the end.
 """
@@ -39,11 +45,40 @@ def timed(cmd: list[str], env: dict) -> float:
     return dt
 
 
+def throughput(variants: dict, rounds: int, runs: int, clients: int) -> None:
+    """Each variant's `runs` starts from `clients` concurrent clients, in turn, `rounds` times."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cores = os.cpu_count() or 1
+    rates = {k: [] for k in variants}
+    names = list(variants)
+    with ThreadPoolExecutor(max_workers=clients) as ex:
+        for c, e in variants.values():  # warm-up
+            list(ex.map(lambda _: timed(c, e), range(clients)))
+        for i in range(rounds):
+            for k in names[i % len(names):] + names[: i % len(names)]:
+                c, e = variants[k]
+                t0 = time.perf_counter()
+                list(ex.map(lambda _: timed(c, e), range(runs)))
+                rates[k].append(runs / (time.perf_counter() - t0) / cores)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"\n{' '.join(variants['bare'][0])}: {runs} starts from {clients} clients per variant, "
+          f"{rounds} rounds, {cores} cores (medians)")
+    print(f"{'variant':34} {'starts/core/s':>14} {'÷ bare':>8} {'÷ cold --no-jail':>17}")
+    cold = med["sigma-supervise --no-jail (cold)"]
+    for k in variants:
+        print(f"{k:34} {med[k]:14.1f} {med[k] / med['bare']:8.2f} {med[k] / cold:17.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=30, help="rounds (default 30)")
     ap.add_argument("--supervisor", default=default_supervisor())
     ap.add_argument("--numpy-wheel", help="unpack this numpy wheel and put it on PYTHONPATH")
+    ap.add_argument("--throughput", action="store_true",
+                    help="starts per core per second from concurrent clients")
+    ap.add_argument("--clients", type=int, default=64, help="concurrent clients (--throughput)")
+    ap.add_argument("--runs", type=int, default=640, help="starts per variant and round (--throughput)")
     args = ap.parse_args()
     py = real_python()
     sup = args.supervisor
@@ -71,6 +106,14 @@ def main() -> None:
     else:
         print("numpy cannot be imported: its rows are left out (--numpy-wheel)")
     try:
+        if args.throughput:
+            cmd = workloads["pass"]
+            throughput({
+                "bare": (cmd, env),
+                "sigma-supervise --no-jail (cold)": ([sup, "--no-jail"] + cmd, no_pool),
+                "sigma-supervise --no-jail --warm": ([sup, "--no-jail", "--warm"] + cmd, env),
+            }, args.n, args.runs, args.clients)
+            return
         for name, cmd in workloads.items():
             variants = {
                 "bare": (cmd, env),
