@@ -152,8 +152,13 @@ impl clap::Subcommand for Sub {
         let cmd = cmd.subcommand(<doctor::DoctorArgs as clap::Args>::augment_args(
             clap::Command::new(DOCTOR),
         ));
-        // Listed for --help only: `pool` is dispatched before this parser (pool::cli).
-        let cmd = cmd.subcommand(clap::Command::new("pool").about(POOL_ABOUT));
+        // Listed with its own arguments for --help, completions and the man page; it is
+        // dispatched before this parser (pool::cli), so they are built only when shown.
+        let cmd = cmd.subcommand(clap::Command::new("pool").about(POOL_ABOUT).defer(|cmd| {
+            <pool::cli::PoolArgs as clap::Args>::augment_args(cmd)
+                .about(POOL_ABOUT)
+                .long_about(None)
+        }));
         cmd.subcommand(
             clap::Command::new(PUBLISH)
                 .about(PUBLISH_ABOUT)

@@ -95,6 +95,9 @@ fn man_pages_show_the_long_help_and_one_page_per_subcommand() {
     assert_eq!(read("sigma-supervise.1"), page);
     let publish = read("sigma-supervise-publish.1");
     assert!(publish.contains(r"\-\-bucket"), "{publish}");
+    // The pool's page shows its own options (it is parsed apart, by the pool).
+    let pool = read("sigma-supervise-pool.1");
+    assert!(pool.contains(r"\-\-preload"), "{pool}");
     let mut names: Vec<_> = std::fs::read_dir(&out)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -105,6 +108,7 @@ fn man_pages_show_the_long_help_and_one_page_per_subcommand() {
         names,
         [
             "sigma-supervise-doctor.1",
+            "sigma-supervise-pool.1",
             "sigma-supervise-publish.1",
             "sigma-supervise.1"
         ]
