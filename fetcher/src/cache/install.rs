@@ -72,6 +72,18 @@ impl Installer {
         marker_path(&self.realm_dir, pkg)
     }
 
+    /// A new staging directory of this install's own for `pkg` (removed by the caller).
+    fn new_stage(&self, pkg: &Package) -> Result<PathBuf> {
+        let stage = self.realm_dir.join("staging").join(format!(
+            "{}.{}.{:08x}",
+            pkg.name,
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        std::fs::create_dir(&stage).ctx("create dir", &stage)?;
+        Ok(stage)
+    }
+
     pub(super) fn pending_path(&self, pkg: &str) -> PathBuf {
         pending_path(&self.realm_dir, pkg)
     }
@@ -157,13 +169,7 @@ impl Installer {
             }
             Some(held)
         };
-        let stage = self.realm_dir.join("staging").join(format!(
-            "{}.{}.{:08x}",
-            pkg.name,
-            std::process::id(),
-            fastrand::u32(..)
-        ));
-        std::fs::create_dir(&stage).ctx("create dir", &stage)?;
+        let stage = self.new_stage(pkg)?;
         let result = self.install_staged(pkg, &stage, stored).await;
         // Staging is private to this install; whatever happened, it goes.
         let _ = remove_any(&stage);
@@ -284,13 +290,7 @@ impl Installer {
         self.counters
             .packages_fetched
             .fetch_add(1, Ordering::Relaxed);
-        let stage = self.realm_dir.join("staging").join(format!(
-            "{}.{}.{:08x}",
-            pkg.name,
-            std::process::id(),
-            fastrand::u32(..)
-        ));
-        std::fs::create_dir(&stage).ctx("create dir", &stage)?;
+        let stage = self.new_stage(pkg)?;
         let (pkg2, root, mem2, stage2, lib) = (
             pkg.clone(),
             self.root.clone(),
