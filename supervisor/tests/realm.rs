@@ -1164,6 +1164,32 @@ fn lines_of(out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String>
 
 /// A cold run of [`READ_BLOB`] against a stalled bucket that has sent half its archive: the
 /// imported files (first in it) are whole, the blob is not.
+/// The rest of a half-delivered archive: the blob's reader is let go, the second half
+/// written, and the run must end well with the blob's verified bytes. The run's output and
+/// the blob.
+fn rest_delivered(
+    mut child: std::process::Child,
+    lines: &std::sync::mpsc::Receiver<String>,
+    mut fifo: std::fs::File,
+    data: &[u8],
+    dir: &Path,
+) -> (Output, Vec<u8>) {
+    use std::io::Write as _;
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    fifo.write_all(&data[data.len() / 2..]).unwrap();
+    drop(fifo);
+    let blob = line_within(lines).unwrap_or_default();
+    let out = child.wait_with_output().unwrap();
+    show(&out);
+    assert!(out.status.success());
+    let want = std::fs::read(dir.join("src/demo_s/blob.bin")).unwrap();
+    use sha2::Digest as _;
+    let sha = hex::encode(sha2::Sha256::digest(&want));
+    assert_eq!(blob, format!("blob {} {sha}", want.len()));
+    (out, want)
+}
+
 struct HalfDelivered {
     child: std::process::Child,
     lines: std::sync::mpsc::Receiver<String>,
@@ -1221,28 +1247,16 @@ fn a_cold_import_runs_while_the_rest_of_its_package_is_still_arriving() {
 }
 
 fn import_while_arriving(fill: &str) {
-    use std::io::Write as _;
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
     let half = half_delivered(tmp.path(), &cache, fill);
-    let (mut child, lines, mut fifo, data) = (half.child, half.lines, half.fifo, half.data);
+    let (child, lines, fifo, data) = (half.child, half.lines, half.fifo, half.data);
     let first = line_within(&lines);
     let marker = cache.join("realms/r/state/demo-s.installed");
     assert_eq!(first.as_deref(), Some("imported demo_s"));
     assert!(!marker.exists(), "imported before the package was complete");
     // The blob's reader waits for the rest, then gets its verified bytes.
-    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    fifo.write_all(&data[data.len() / 2..]).unwrap();
-    drop(fifo);
-    let blob = line_within(&lines).unwrap_or_default();
-    let out = child.wait_with_output().unwrap();
-    show(&out);
-    assert!(out.status.success());
-    let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
-    use sha2::Digest as _;
-    let sha = hex::encode(sha2::Sha256::digest(&want));
-    assert_eq!(blob, format!("blob {} {sha}", want.len()));
+    let (out, _) = rest_delivered(child, &lines, fifo, &data, tmp.path());
     // The install's fill process writes the marker, then lets the run's waiters go.
     interp::settled(&cache);
     assert!(marker.exists(), "installed once its fill process ended");
@@ -1261,7 +1275,6 @@ fn import_while_arriving(fill: &str) {
 /// persisted complete for the next run, which the kernel serves; the memory tree is emptied.
 #[test]
 fn a_cold_run_is_served_from_memory_and_persisted_behind_it() {
-    use std::io::Write as _;
     // On a disk: a cache root on a tmpfs is served from its lib dir.
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     if on_tmpfs(tmp.path()) {
@@ -1270,7 +1283,7 @@ fn a_cold_run_is_served_from_memory_and_persisted_behind_it() {
     }
     let cache = tmp.path().join("cache");
     let half = half_delivered_to(tmp.path(), &cache, READ_BLOB_AT, "always");
-    let (mut child, lines, mut fifo, data) = (half.child, half.lines, half.fifo, half.data);
+    let (child, lines, fifo, data) = (half.child, half.lines, half.fifo, half.data);
     assert_eq!(line_within(&lines).as_deref(), Some("imported demo_s"));
     // Nothing in the store's lib dir while the run is served: the skeleton is in memory.
     assert!(listdir(&cache.join("realms/r/lib")).is_empty());
@@ -1279,18 +1292,7 @@ fn a_cold_run_is_served_from_memory_and_persisted_behind_it() {
         left.iter().any(|e| e.ends_with("/demo_s")),
         "streamed into a memory tree: {left:?}"
     );
-    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    fifo.write_all(&data[data.len() / 2..]).unwrap();
-    drop(fifo);
-    let blob = line_within(&lines).unwrap_or_default();
-    let out = child.wait_with_output().unwrap();
-    show(&out);
-    assert!(out.status.success());
-    let want = std::fs::read(tmp.path().join("src/demo_s/blob.bin")).unwrap();
-    use sha2::Digest as _;
-    let sha = hex::encode(sha2::Sha256::digest(&want));
-    assert_eq!(blob, format!("blob {} {sha}", want.len()));
+    let (out, want) = rest_delivered(child, &lines, fifo, &data, tmp.path());
     let (files, calls) = served_from_memory(&out);
     assert!(files > 0 && calls > 0, "{}", stderr(&out));
     // Persisted behind the run, complete; the memory tree emptied once the run had ended.
