@@ -1,6 +1,6 @@
 //! The environment a proc gets: the supervisor's credentials stay with it. A variable whose
-//! name says it holds a credential ([`is_credential`]) or whose value is a URL with a password
-//! ([`carries_password`]) is withheld unless the user hands it through by name.
+//! name says it holds a credential ([`is_credential`](crate::env::is_credential)) or whose value is a URL with a password
+//! ([`carries_password`](crate::env::carries_password)) is withheld unless the user hands it through by name.
 #![forbid(unsafe_code)]
 
 /// Whether an environment variable's name says it holds a credential (or leads to one): `AWS_*`,

@@ -126,7 +126,7 @@ pub fn landlock() -> Finding {
     }
 }
 
-/// Where `--memory`/`--cpus` would put their group ([`crate::limits::hierarchy`]).
+/// Where `--memory`/`--cpus` would put their group (`limits::hierarchy`).
 pub fn cgroup() -> Finding {
     let of = |ctrl| crate::limits::hierarchy(ctrl);
     match (of("memory"), of("cpu")) {

@@ -11,7 +11,7 @@ use std::path::{Component, Path, PathBuf};
 pub const BUILD_ROOT: &str = "/tmp";
 
 /// One step of building the proc's root, in order. Paths are absolute host paths under
-/// [`BUILD_ROOT`] (before pivot_root) unless said otherwise.
+/// `BUILD_ROOT` (before pivot_root) unless said otherwise.
 #[derive(Debug)]
 pub enum Step {
     /// Become the proc's user inside the namespace (a root supervisor's child starts as an
@@ -24,7 +24,7 @@ pub enum Step {
     PrivateMounts,
     /// Clone bind source trees (open_tree) before the build root is covered.
     CloneSources,
-    /// A tmpfs at [`BUILD_ROOT`]: the future `/`.
+    /// A tmpfs at `BUILD_ROOT`: the future `/`.
     BuildRoot,
     Dir {
         path: CString,
@@ -64,7 +64,7 @@ pub enum Step {
         mode: u32,
     },
     /// A copy of source `index` (a host file opened at [`Step::CloneSources`], at most
-    /// [`COPY_MAX`] bytes, read-only like the root) at `path`: see [`crate::Bind::copy`].
+    /// `COPY_MAX` bytes, read-only like the root) at `path`: see [`crate::Bind::copy`].
     Copy {
         index: usize,
         path: CString,

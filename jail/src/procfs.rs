@@ -1,7 +1,7 @@
 //! A pid namespace's own `/proc`, for a process started in new mount and pid namespaces whose
 //! creator left the old `/proc` mounted (σOS's procd does, for its trampoline): its `/proc/N`
 //! are the parent namespace's pids, so the jail's id maps, written to `/proc/CHILD/…` by the
-//! child's pid in this namespace, would name no process (or another one). [`ensure_own`]
+//! child's pid in this namespace, would name no process (or another one). [`ensure_own`](crate::procfs::ensure_own)
 //! mounts a procfs of this pid namespace on `/proc`, in a mount namespace of this process's
 //! own (a new one, `/` a slave), so nothing propagates back to the creator's.
 #![forbid(unsafe_code)]

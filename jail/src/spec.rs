@@ -22,7 +22,7 @@ pub struct Bind {
     /// mount; see `idmap.rs`). For the user's own directories (working dir, script, --bind).
     pub idmap: bool,
     /// Where `src` is a small world-readable file, the jail may show a copy made while it is
-    /// built instead of a bind ([`crate::plan::COPY_MAX`]): a file written instead of a mount made
+    /// built instead of a bind (`COPY_MAX`): a file written instead of a mount made
     /// (and torn down with the jail). For the curated `/etc`'s files, never the user's binds.
     pub copy: bool,
 }

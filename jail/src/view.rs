@@ -8,7 +8,7 @@
 //!   pyenv; a script's `#!` interpreter; of `~/.local` only `bin`, `lib`, `lib64`), the
 //!   directory of the first argument that names an existing file (the script);
 //! - the working directory read-write (or read-only, or not at all: [`CwdMode`]);
-//! - private `/tmp`, minimal `/dev`, fresh `/proc` — see [`crate::plan`].
+//! - private `/tmp`, minimal `/dev`, fresh `/proc` — see [`crate::Plan`].
 use crate::spec::{Bind, GeneratedFile, JailSpec};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

@@ -337,7 +337,7 @@ pub fn build(plan: &Plan, trees: Vec<Option<OwnedFd>>) -> Result<(), StageError>
     Ok(())
 }
 
-/// Detach the old root (which pivot_root left at [`OLD_ROOT`]), remove its directory and make
+/// Detach the old root (which pivot_root left at `OLD_ROOT`), remove its directory and make
 /// `/` read-only: the last steps of [`build`], split off because detaching a mount tree waits
 /// for an (expedited) RCU grace period, ~0.1 ms. Init runs them while the target sheds its
 /// privileges; the target waits for them before it runs the program.

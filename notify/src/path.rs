@@ -1,5 +1,5 @@
-//! Resolving paths as the target sees them: dirfd via /proc/<pid>/fd/<n>, cwd via
-//! /proc/<pid>/cwd, absolute paths via /proc/<pid>/root.
+//! Resolving paths as the target sees them: dirfd via `/proc/<pid>/fd/<n>`, cwd via
+//! `/proc/<pid>/cwd`, absolute paths via `/proc/<pid>/root`.
 //!
 //! The result is *lexical*: `.`, `..` and repeated slashes are folded without looking at the
 //! file system, and symlinks are NOT followed (so `a/link/..` becomes `a`, which may differ from
@@ -54,7 +54,7 @@ const PRUNE_EVERY: u32 = 16;
 /// their capacity) and without walking `/proc/<tid>` each time: the last few targets'
 /// `/proc/<tid>` directories stay open.
 ///
-/// A cached directory stays bound to the task it was opened for (a /proc/<tid> inode holds that
+/// A cached directory stays bound to the task it was opened for (a `/proc/<tid>` inode holds that
 /// task's `struct pid`, not its number): once the task is gone every look-up through it fails,
 /// even if the number has been reused by then. A failure through a cached directory is
 /// therefore retried once through a freshly opened one, so a stale entry costs a retry and
@@ -671,7 +671,7 @@ fn gone(e: Errno) -> Errno {
     }
 }
 
-/// A missing /proc/<pid>/fd/<n> means the target has no such fd.
+/// A missing `/proc/<pid>/fd/<n>` means the target has no such fd.
 fn fd_err(e: Errno) -> Errno {
     match e {
         Errno::ENOENT | Errno::ESRCH => Errno::EBADF,

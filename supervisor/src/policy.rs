@@ -76,7 +76,7 @@ impl Policy {
         )
     }
 
-    /// [`Policy::load`] for a profile already parsed (e.g. from the compiled-profile cache);
+    /// `Policy::load` for a profile already parsed (e.g. from the compiled-profile cache);
     /// `handled` describes the calls the handlers serve.
     pub fn from_profile(
         mut profile: Profile,

@@ -1,4 +1,4 @@
-//! One run, top to bottom: the program found, the realm shown ([`realmfs::show`]), the profile
+//! One run, top to bottom: the program found, the realm shown ([`realmfs::show()`]), the profile
 //! compiled ([`crate::compiled`]), the σOS API made, the jail's spec built, the target prepared
 //! and spawned ([`crate::spawn`]), the resolver started, then the event loop
 //! ([`crate::supervisor::supervise`]) until the proc ends, and what the run ends with.

@@ -138,6 +138,7 @@ pub struct SigmaOpts {
 
     /// Embedded server: host directory behind name/ux/~local (created)
     /// [default: <cache root>/realms/<realm>/ux].
+    #[allow(rustdoc::invalid_html_tags)] // the help text's placeholders, not HTML
     #[arg(long, value_name = "DIR")]
     pub scratch_dir: Option<PathBuf>,
 
@@ -378,7 +379,7 @@ impl SigmaApi {
 /// The embedded server's end of the target's connection before anything arrived on it. Most
 /// programs never call the σOS API: their runs start no server thread at all (its creation and
 /// teardown are a fair part of a short run's cost). The supervisor watches [`Unstarted::as_fd`]
-/// and calls [`Unstarted::readable`] once it is readable (a request, or the target's end closed).
+/// and calls `Unstarted::readable` once it is readable (a request, or the target's end closed).
 pub struct Unstarted {
     srv: Server,
     stream: UnixStream,

@@ -25,7 +25,7 @@ pub struct ServerLimits {
     /// Parked blocking calls per connection (each holds its path, at most 4 KiB: the
     /// default bounds a connection's parked calls to 64 MiB).
     pub max_waiters: usize,
-    /// Connections a bound [`Listener`] serves at once; more are closed at accept.
+    /// Connections a bound [`Listener`](super::Listener) serves at once; more are closed at accept.
     pub max_connections: usize,
 }
 

@@ -34,6 +34,9 @@
 //! - leaves every module may use: [`reply`] (σOS errors and reply frames), [`config`],
 //!   [`error`], [`sync`].
 
+// The map above names the private modules it draws: pages of `cargo doc --document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
+
 mod config;
 mod conn;
 mod dispatch;

@@ -1,4 +1,4 @@
-//! The object side, `name/s3/~local/BUCKET/KEY`, over an [`ObjectStore`]: whole-object
+//! The object side, `name/s3/~local/BUCKET/KEY`, over an [`ObjectStore`](crate::store::ObjectStore): whole-object
 //! reads and writes (a write fd buffers until CloseFd), directories as key prefixes.
 
 use std::collections::BTreeMap;

@@ -75,7 +75,7 @@ const MAX_DEPTH: usize = 4096;
 /// Highest signal number (SIGRTMAX on Linux).
 const MAX_SIG: i32 = 64;
 
-/// Fields of /proc/<pid>/stat after the command name: (state, ppid, pgrp).
+/// Fields of `/proc/<pid>/stat` after the command name: (state, ppid, pgrp).
 fn stat_of(pid: i32) -> Option<(u8, i32, i32)> {
     let s = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may contain anything: split at the last ')'.
@@ -88,7 +88,7 @@ fn stat_of(pid: i32) -> Option<(u8, i32, i32)> {
     Some((state, ppid, pgrp))
 }
 
-/// Thread group of thread `tid` (`Tgid:` in /proc/<tid>/status).
+/// Thread group of thread `tid` (`Tgid:` in `/proc/<tid>/status`).
 fn tgid_of(tid: i32) -> Option<i32> {
     let s = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
     s.lines()

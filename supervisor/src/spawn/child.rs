@@ -90,7 +90,7 @@ pub(super) fn describe_stage(p: &Prepared, tag: u32, errno: i32) -> String {
     )
 }
 
-/// The started child: its listener is ours; it waits for [`Child::go`] before execve.
+/// The started child: its listener is ours; it waits for `Child::go` before execve.
 pub struct Child {
     /// The process the supervisor waits for: the target itself, or the jail's init.
     pub pid: i32,

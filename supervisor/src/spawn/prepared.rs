@@ -130,7 +130,7 @@ impl Prepared {
     /// (one round trip between two processes fewer on the way to the program). Only where the
     /// installed filter allows sendmsg(2) outright, and only when nothing must be ready before
     /// the program's first call (not with the lazy backend, whose marks come first): then
-    /// [`Child::release`] has nothing left to do.
+    /// `Child::release` has nothing left to do.
     pub fn pass_listener(&mut self, on: bool) {
         self.pass_listener = on;
     }
