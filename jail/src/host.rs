@@ -101,15 +101,31 @@ pub fn userns() -> Finding {
 
 /// The Landlock ABI: the jail's second layer, whole at ABI 6.
 pub fn landlock() -> Finding {
-    match crate::landlock_abi() {
-        0 => Finding::new(
+    use nix::errno::Errno;
+    let without = "the jail runs without its second layer (namespaces and seccomp only)";
+    match crate::landlock_probe() {
+        Err(Errno::ENOSYS) | Ok(0) => Finding::new(
             "Landlock",
             false,
-            "not available on this kernel: the jail runs without its second layer \
-             (namespaces and seccomp only)",
+            format!("not available on this kernel: {without}"),
         )
         .fix("a kernel with CONFIG_SECURITY_LANDLOCK and `landlock` in its lsm= list"),
-        n if n < 6 => Finding::new(
+        Err(Errno::EOPNOTSUPP) => Finding::new(
+            "Landlock",
+            false,
+            format!("built into this kernel but not enabled at boot: {without}"),
+        )
+        .fix("`landlock` in the kernel's lsm= boot parameter"),
+        Err(e) => Finding::new(
+            "Landlock",
+            false,
+            format!(
+                "refused here ({e}: a seccomp filter or security module this process runs \
+                 under): {without}"
+            ),
+        )
+        .fix("run doctor, and runs, outside the filter or container that refuses landlock_create_ruleset"),
+        Ok(n) if n < 6 => Finding::new(
             "Landlock",
             false,
             format!(
@@ -118,7 +134,7 @@ pub fn landlock() -> Finding {
             ),
         )
         .fix("Linux 6.12 or later (ABI 6)"),
-        n => Finding::new(
+        Ok(n) => Finding::new(
             "Landlock",
             true,
             format!("ABI {n}: files, signals and abstract sockets"),

@@ -173,11 +173,18 @@ pub fn cloexec_fds_from_except(first: u32, keep: &[u32]) {
     sys::close_range_except(first, keep, libc::CLOSE_RANGE_CLOEXEC)
 }
 
-/// The Landlock ABI version of this kernel (0 when Landlock is off or missing). Signal and
-/// abstract-socket scoping need 6.
+/// The Landlock ABI version of this kernel (0 when Landlock is off, missing or refused). Signal
+/// and abstract-socket scoping need 6.
 pub fn landlock_abi() -> i64 {
+    landlock_probe().unwrap_or(0)
+}
+
+/// The Landlock ABI version, or why there is none: ENOSYS (not built into this kernel),
+/// EOPNOTSUPP (built, but not enabled at boot), anything else (the call refused: a seccomp
+/// filter this process runs under, or another LSM).
+pub fn landlock_probe() -> Result<i64, nix::errno::Errno> {
     if test_hook("LANDLOCK") {
-        return 0;
+        return Err(nix::errno::Errno::ENOSYS);
     }
     sys::landlock_abi()
 }

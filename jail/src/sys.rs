@@ -347,7 +347,7 @@ pub fn idmap_tree(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> Result<(), Er
 }
 
 /// The Landlock ABI version this kernel offers (0: none).
-pub fn landlock_abi() -> i64 {
+pub fn landlock_abi() -> Result<i64, nix::errno::Errno> {
     const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
     // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns the ABI number.
     let r = unsafe {
@@ -358,7 +358,11 @@ pub fn landlock_abi() -> i64 {
             LANDLOCK_CREATE_RULESET_VERSION,
         )
     };
-    r.max(0)
+    if r < 0 {
+        Err(nix::errno::Errno::last())
+    } else {
+        Ok(r)
+    }
 }
 
 /// pidfd_open(2).

@@ -324,6 +324,12 @@ fn user_namespaces_refused_despite_the_sysctls_are_found_by_a_real_probe() {
             "{l}"
         );
         assert!(l.contains("apparmor_restrict_unprivileged_userns"), "{l}");
+        // The filter refuses Landlock's call too: named as a refusal, not as a kernel without it.
+        let l = line(&o, "Landlock");
+        assert!(
+            l.contains("refused here") && !l.contains("not available"),
+            "{l}"
+        );
         assert_eq!(o.status.code(), Some(1), "no jail: doctor fails");
     }
     // The same probe outside the filter finds them usable.
