@@ -213,6 +213,14 @@ pub fn idmap(dir: &Path) -> Finding {
     }
 }
 
+/// Whether this process runs under a seccomp filter of its own (mode 2), as a proc does.
+fn under_seccomp_filter() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.strip_prefix("Seccomp:").is_some_and(|v| v.trim() == "2"))
+    })
+}
+
 /// Seccomp user-notify and SYNC_WAKE_UP, on a probe target's listener: the filter a proc
 /// installs and the flag the receive loop sets ([`notify::Listener::set_sync_wakeup`]).
 pub fn seccomp() -> Vec<Finding> {
@@ -233,6 +241,18 @@ pub fn seccomp() -> Vec<Finding> {
     let child = filter.and_then(|f| notify::probe::ProbeChild::spawn(&f, opts));
     let child = match child {
         Ok(c) => c,
+        Err(e) if under_seccomp_filter() => {
+            return vec![Finding::new(
+                "seccomp user-notify",
+                false,
+                format!(
+                    "unavailable here ({e}): this process already runs under a seccomp filter \
+                     (Seccomp: 2 in /proc/self/status), which refuses what building one needs: \
+                     nothing can be supervised"
+                ),
+            )
+            .fix("run doctor, and runs, outside the filter or container that refuses seccomp")]
+        }
         Err(e) => {
             return vec![Finding::new(
                 "seccomp user-notify",

@@ -330,6 +330,8 @@ fn user_namespaces_refused_despite_the_sysctls_are_found_by_a_real_probe() {
             l.contains("refused here") && !l.contains("not available"),
             "{l}"
         );
+        let l = line(&o, "seccomp user-notify");
+        assert!(l.contains("already runs under a seccomp filter"), "{l}");
         assert_eq!(o.status.code(), Some(1), "no jail: doctor fails");
     }
     // The same probe outside the filter finds them usable.
