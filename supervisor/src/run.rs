@@ -140,8 +140,8 @@ pub fn run(cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::E
         prepared.pass_fd(fd, spproxy::ENV_SPPROXY_FD, &number)?;
     }
     // σOS's Go client dials /tmp/spproxyd/spproxyd.sock itself: the jail shows the server there.
-    if let Some(dir) = prepared.jail().and_then(|_| api.jail_socket_dir()) {
-        prepared.bind_read_only(&dir, std::path::Path::new(sigma_api::SPPROXYD_DIR))?;
+    if let Some((socket, at)) = prepared.jail().and_then(|_| api.jail_socket()) {
+        prepared.bind_read_only(&socket, &at)?;
     }
     prepared.keep_inherited(&cli.pass_fd);
     if let Some(t) = &mut plan {
@@ -164,6 +164,7 @@ pub fn run(cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::E
         readonly::Hints::new(map)
     });
     let (mut child, start) = spawn::warm_or_cold(prepared, sendmsg_allowed, cli.warm)?;
+    api.jail_built();
     if let Some(r) = &realm {
         r.forked();
     }

@@ -16,8 +16,11 @@
 //! σOS's own Go client does not use `SIGMA_SPPROXY_FD`: a proc with `UseSPProxy` dials
 //! `/tmp/spproxyd/spproxyd.sock` itself. A jailed run of the embedded server therefore also
 //! listens on that name: a socket in a private directory of the supervisor's
-//! (`$TMPDIR/sigma-supervise-spproxyd.XXXXXX`, holding only the socket), bound read-only into
-//! the jail at `/tmp/spproxyd` (the jail's `/tmp` is private). Each accepted connection is
+//! (`$TMPDIR/sigma-supervise-spproxyd.XXXXXX`, holding only the socket), the socket bound
+//! read-only into the jail at `/tmp/spproxyd/spproxyd.sock` (the jail's `/tmp` is private). Once the jail's root is built the
+//! directory is removed ([`SigmaApi::jail_built`]): the bind holds the socket's inode, which a
+//! connect through it still reaches, so a supervisor killed later leaves nothing behind. Each
+//! accepted connection is
 //! served like the pre-connected one, by the same server; the accept is on demand, like the
 //! first request (see [`Listening`]).
 #![forbid(unsafe_code)]
@@ -171,7 +174,7 @@ pub struct SigmaApi {
     target_end: Option<OwnedFd>,
     /// The embedded server and its end of the pair (until started).
     server: Option<(Server, Option<UnixStream>)>,
-    /// The embedded server's socket for σOS's Go client (see [`SigmaApi::jail_socket_dir`]).
+    /// The embedded server's socket for σOS's Go client (see [`SigmaApi::jail_socket`]).
     listening: Option<Listening>,
     /// The private directory holding that socket, removed at the end of the run.
     socket_dir: Option<SocketDir>,
@@ -280,27 +283,39 @@ impl SigmaApi {
     }
 
     /// For a jailed run of the embedded server: makes the socket σOS's Go client dials and
-    /// returns the private directory holding it, to be bound at [`SPPROXYD_DIR`] in the jail.
+    /// returns it, to be bound (the socket alone) at [`SPPROXYD_DIR`]`/spproxyd.sock` in the
+    /// jail.
     /// `None` without the embedded server, or (said at `-v`) where the socket cannot be made:
     /// the pre-connected one still works. Call before fork; nothing is accepted until
     /// [`SigmaApi::on_demand`]'s watcher sees a connection.
-    pub fn jail_socket_dir(&mut self) -> Option<PathBuf> {
+    pub fn jail_socket(&mut self) -> Option<(PathBuf, PathBuf)> {
         let (srv, _) = self.server.as_ref()?;
         match listen_in_private_dir() {
             Ok((dir, listener)) => {
-                let path = dir.0.clone();
+                let paths = (
+                    dir.0.join(SPPROXYD_SOCK),
+                    Path::new(SPPROXYD_DIR).join(SPPROXYD_SOCK),
+                );
                 self.listening = Some(Listening {
                     srv: srv.clone(),
                     listener,
                 });
                 self.socket_dir = Some(dir);
-                Some(path)
+                Some(paths)
             }
             Err(e) => {
                 tracing::info!("no {SPPROXYD_DIR}/{SPPROXYD_SOCK} in the jail: {e:#}");
                 None
             }
         }
+    }
+
+    /// The jail's root is built (its bind holds the socket): the host's path to the socket goes
+    /// now, before the program runs. A connect through the bind still reaches the listening
+    /// socket (it is found by its inode); nothing is left in `$TMPDIR` even if the supervisor is
+    /// killed.
+    pub fn jail_built(&mut self) {
+        self.socket_dir = None;
     }
 
     /// What the supervisor starts once its fd is readable (call after fork): the embedded

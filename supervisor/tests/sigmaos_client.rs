@@ -106,6 +106,10 @@ fn sigmaos_go_client_uses_the_embedded_server() {
         let waiting = l == "waiting for eviction";
         lines.push(l);
         if waiting {
+            // The proc dialled the socket and is served through it, but the host's path to it
+            // went once the jail was built: a supervisor killed now would leave nothing.
+            let left: Vec<_> = std::fs::read_dir(&tmpdir).unwrap().collect();
+            assert!(left.is_empty(), "in TMPDIR while the proc runs: {left:?}");
             // Let WaitEvict reach the server, then evict the proc as σOS would.
             std::thread::sleep(Duration::from_millis(300));
             nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
