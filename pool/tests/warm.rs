@@ -315,8 +315,11 @@ fn warm_procs_take_the_clients_limits_signals_and_argv() {
     let pool = Pool::start(&["--python", &python]);
     // A launcher that ignores SIGHUP and SIGUSR1, blocks SIGUSR2 and lowers three limits
     // (the pool has none of these), then execs the cold proc or the warm proc's client.
+    // SIGINT and SIGQUIT are set to their defaults, which a test runner started in the
+    // background by a shell inherits as ignored.
     let launcher = [
         "env",
+        "--default-signal=INT,QUIT",
         "--ignore-signal=HUP,USR1",
         "--block-signal=USR2",
         "prlimit",
