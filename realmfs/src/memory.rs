@@ -15,9 +15,11 @@
 //! process places the skeleton there and fills each file as it is verified
 //! ([`fetcher::RealmCache::fill_in_memory`]); the target is served from the clone, never told
 //! the path. Once the package is persisted (`ok`) and the run has ended, the fill process
-//! empties the tree. A tree whose supervisor is dead is removed, empty, by any later cold or
-//! complete start, and with what it holds by one of its realm's once no fill process holds
-//! its package's lock.
+//! empties the tree. The supervisor holds a shared `flock` on the tree's directory until it
+//! exits ([`held_until_exit`]): a tree nobody holds so is a dead supervisor's, whatever pid
+//! namespace it ran in (its pid in the name may name another process here, or none). Such a
+//! tree is removed, empty, by any later cold or complete start, and with what it holds by one
+//! of its realm's once no fill process holds its package's lock.
 //!
 //! Not used (today's path, the skeleton in lib/): no tmpfs at `/dev/shm`, a cache root on a
 //! tmpfs itself (a copy in memory first would only add a copy), a package larger
@@ -31,7 +33,7 @@ use sha2::Digest as _;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The tmpfs memory trees live on.
 pub const MEMORY_FS: &str = "/dev/shm";
@@ -119,6 +121,11 @@ impl MemoryRoot {
             .create(&dir)
             .map_err(|e| tracing::debug!(error = %e, "no memory tree"))
             .ok()?;
+        if let Err(e) = held_until_exit(&dir) {
+            tracing::debug!(error = %e, "memory tree not held: not used");
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
         match Served::open(prefix.to_path_buf(), dir.clone()) {
             Ok(served) if served.mnt_id != 0 => Some(MemoryTree {
                 dir,
@@ -144,9 +151,7 @@ impl MemoryRoot {
             let Some((key, who, pid)) = name.to_str().and_then(owner_of) else {
                 continue;
             };
-            let alive = pid == std::process::id()
-                || nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok();
-            if alive {
+            if pid == std::process::id() || is_held(&e.path()) {
                 continue;
             }
             // An empty one, any realm's; one with files, only of this realm (its locks).
@@ -186,6 +191,29 @@ pub fn retire(realm_dir: &Path) {
     if std::fs::symlink_metadata(&root.dir).is_ok_and(|m| m.is_dir()) {
         root.sweep(None);
     }
+}
+
+/// The memory trees this process made, each held by a shared `flock` on its directory until
+/// the process exits (a supervisor serves a tree for its whole run): the sweep's sign of life.
+static HELD: Mutex<Vec<nix::fcntl::Flock<std::fs::File>>> = Mutex::new(Vec::new());
+
+/// Hold `dir` (a new tree of ours) until this process exits. The descriptor is close-on-exec:
+/// neither the target nor a fill process inherits it.
+fn held_until_exit(dir: &Path) -> std::io::Result<()> {
+    let f = std::fs::File::open(dir)?;
+    let lock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockSharedNonblock)
+        .map_err(|(_, e)| std::io::Error::from(e))?;
+    HELD.lock().unwrap_or_else(|p| p.into_inner()).push(lock);
+    Ok(())
+}
+
+/// Whether a live supervisor holds the tree at `dir`. A tree that cannot be opened is left
+/// alone (held, as far as the sweep knows).
+fn is_held(dir: &Path) -> bool {
+    let Ok(f) = std::fs::File::open(dir) else {
+        return true;
+    };
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err()
 }
 
 /// `<key>.<pkg>.<pid>.<n>` → (key, pkg, pid).
@@ -294,7 +322,21 @@ mod tests {
         // A live supervisor's (this process's) stays, whatever it holds.
         let live = tree(&format!("s.{}.3", std::process::id()));
         std::fs::create_dir_all(live.join("s")).unwrap();
+        // A live supervisor's in another pid namespace: its pid names no process here, but it
+        // holds its trees, empty or not (and no fill process holds the package's lock).
+        let (far, far_empty) = (tree("v.4194305.6"), tree("w.4194305.7"));
+        std::fs::create_dir_all(far.join("v")).unwrap();
+        std::fs::File::create(disk.path().join("state/v.lock")).unwrap();
+        std::fs::create_dir_all(&far_empty).unwrap();
+        let far_held: Vec<_> = [&far, &far_empty]
+            .iter()
+            .map(|d| {
+                let f = std::fs::File::open(d).unwrap();
+                nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockShared).unwrap()
+            })
+            .collect();
         root.sweep(Some("p"));
+        assert!(far.exists() && far_empty.exists(), "held trees stay");
         assert!(!dead.exists());
         assert!(other.exists(), "a tree whose package's lock is held stays");
         assert!(!empty.exists());
@@ -302,8 +344,13 @@ mod tests {
         assert!(elsewhere.exists());
         assert!(!elsewhere_empty.exists());
         drop(held);
+        drop(far_held);
         root.sweep(None);
         assert!(!other.exists());
+        assert!(
+            !far_empty.exists() && !far.exists(),
+            "let go: a dead supervisor's"
+        );
         assert!(live.exists());
         for d in [live, elsewhere] {
             std::fs::remove_dir_all(d).unwrap();
