@@ -29,7 +29,9 @@
 //! `placed` and `file` then speak of the memory tree, `ok` of the package in lib/.
 //!
 //! After `ok` it lets go of the lock, waits for the run to end (its report pipe closes; at
-//! most [`TREE_AFTER`]), empties its memory tree, builds the package's shared tree and exits. If the
+//! most [`TREE_AFTER`]), builds the package's shared tree, and empties its memory tree once
+//! the run has ended (however long it runs: a directory it holds there keeps resolving), then
+//! exits. If the
 //! supervisor has exited meanwhile, its lines go nowhere and the install goes on. If the fill
 //! process dies, its pipe ends without `ok`: every reader waiting on the package gets EIO
 //! (never a placeholder's zeros), what was placed is removed under the lock, and the next
@@ -351,9 +353,17 @@ const PERSIST_AFTER: Duration = Duration::from_millis(500);
 /// pandas run: 807 against 724 ms in the supervisor, 779 against 787 without the tree).
 const TREE_AFTER: Duration = Duration::from_secs(30);
 
+/// [`TREE_AFTER`], or `SIGMA_SUPERVISE_TEST_TREE_AFTER_MS` (tests of a run that outlasts it).
+fn tree_after() -> Duration {
+    std::env::var("SIGMA_SUPERVISE_TEST_TREE_AFTER_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(TREE_AFTER, Duration::from_millis)
+}
+
 /// Wait until the report pipe's reader has gone (the run that started this fill process
-/// ended) or `bound`, if any, has passed.
-fn after_the_run(bound: Option<Duration>) {
+/// ended) or `bound`, if any, has passed; true if the run has ended.
+fn after_the_run(bound: Option<Duration>) -> bool {
     use std::os::fd::AsFd as _;
     let stdout = std::io::stdout();
     let timeout = match bound {
@@ -367,7 +377,8 @@ fn after_the_run(bound: Option<Duration>) {
         )];
         match nix::poll::poll(&mut fds, timeout) {
             Err(nix::errno::Errno::EINTR) => continue,
-            _ => return,
+            Ok(0) => return false,
+            _ => return true,
         }
     }
 }
@@ -498,8 +509,8 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
     let _ = nix::unistd::dup2_stdin(
         std::fs::File::open("/dev/null").map_err(|e| FetchError::io("open", "/dev/null", e))?,
     );
-    after_the_run(Some(TREE_AFTER));
-    if let Some(mem) = &memory {
+    let ended = after_the_run(Some(tree_after()));
+    if let Some(mem) = memory.as_ref().filter(|_| ended) {
         crate::memory::empty_tree(mem);
         jail::mark("fill:memory-emptied");
     }
@@ -507,6 +518,13 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
         tracing::debug!(error = %e, package = %pkg.name, "no shared tree");
     }
     jail::mark("fill:tree");
+    // A run still going may hold a directory in the memory tree and open files relative to
+    // it: the tree stays until the run ends (this process sleeps until then).
+    if let Some(mem) = memory.as_ref().filter(|_| !ended) {
+        after_the_run(None);
+        crate::memory::empty_tree(mem);
+        jail::mark("fill:memory-emptied");
+    }
     Ok(())
 }
 

@@ -1486,6 +1486,40 @@ fn a_fill_process_builds_the_shared_tree_once_its_run_has_ended() {
         .exists());
 }
 
+/// A run that outlasts its fill process's wait for it (`TREE_AFTER`, shortened here) keeps a
+/// directory it opened in the memory tree: listing it and opening relative to it still give
+/// the package's files once the package is persisted, and the tree is emptied when the run
+/// ends.
+#[test]
+fn a_run_longer_than_its_fill_process_keeps_its_memory_tree() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = tmp.path().join("src");
+    let pkg = common::make_pkg(&src, "demo_l", 200_000);
+    let bucket = bucket_with(tmp.path(), &[&pkg]);
+    let cache = tmp.path().join("cache");
+    let r = Realm {
+        name: "r",
+        bucket: &bucket,
+        cache: &cache,
+        env: vec![("SIGMA_SUPERVISE_TEST_TREE_AFTER_MS", "100".into())],
+    };
+    // Persisted at most 500 ms after its last file is verified (PERSIST_AFTER), then 100 ms.
+    let o = r.py("import demo_l, os, time\n\
+         d = os.open(os.path.dirname(demo_l.__file__), os.O_RDONLY | os.O_DIRECTORY)\n\
+         time.sleep(2.5)\n\
+         names = sorted(os.listdir(d))\n\
+         with open('__init__.py', opener=lambda p, f: os.open(p, f, dir_fd=d)) as f:\n\
+         \x20   init = f.read().strip()\n\
+         print(names, init)");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "['__init__.py', '__pycache__', 'blob.bin', 'sub'] NAME = \"demo_l\"\n"
+    );
+    assert!(cache.join("realms/r/state/demo-l.installed").exists());
+    assert_eq!(memory_left(&cache, "r"), Vec::<String>::new());
+}
+
 #[test]
 fn kill_9_of_the_supervisor_mid_install_gives_errors_never_zeros_and_the_install_completes() {
     use std::io::Write as _;
