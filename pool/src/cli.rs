@@ -31,7 +31,27 @@ pub struct PoolArgs {
     #[arg(long, value_name = "SECS", default_value_t = 900)]
     pub recycle_after_secs: u64,
 
-    /// Show the running pool's zygotes: pid, interpreter, preloads, forks, age.
+    /// Learn preloads from use: a set of modules that at least --learn-threshold of the last
+    /// --learn-window warm runs imported (each from the interpreter's own path, never the
+    /// script's directory) gets a zygote of its own, started between requests.
+    #[arg(long, value_name = "on|off", default_value = "on", num_args = 0..=1,
+          default_missing_value = "on", value_parser = ["on", "off"])]
+    pub learn_preloads: String,
+
+    /// K: how many of the remembered runs must have imported a set.
+    #[arg(long, value_name = "K", default_value_t = crate::learn::LearnOpts::default().threshold)]
+    pub learn_threshold: usize,
+
+    /// N: how many recent warm runs are remembered (at most 1000).
+    #[arg(long, value_name = "N", default_value_t = crate::learn::LearnOpts::default().window)]
+    pub learn_window: usize,
+
+    /// M: learned zygotes at most (the least recently used is replaced).
+    #[arg(long, value_name = "M", default_value_t = crate::learn::LearnOpts::default().zygotes)]
+    pub learned_zygotes: usize,
+
+    /// Show the running pool's zygotes (pid, interpreter, preloads, learned or given, forks,
+    /// age) and what it has learned.
     #[arg(long, conflicts_with = "stop")]
     pub status: bool,
 
@@ -55,22 +75,42 @@ pub fn main_if_asked() {
 /// Run the subcommand; its exit status.
 pub fn main(args: &PoolArgs) -> u8 {
     let done = if args.status {
-        crate::client::status().map(|zs| {
+        crate::client::status().map(|st| {
             println!("pool {}", crate::socket_path().display());
-            for z in zs {
+            for z in st.zygotes {
                 let state = match (z.alive, z.replacing) {
                     (false, _) => "gone".to_owned(),
-                    (true, None) => "ready".to_owned(),
                     (true, Some(old)) => format!("starting (replaces pid {old})"),
+                    (true, None) if z.starting => "starting".to_owned(),
+                    (true, None) => "ready".to_owned(),
                 };
                 println!(
-                    "zygote pid {} {} [{}] forks {} age {}s {state}",
+                    "zygote pid {} {} [{}]{} forks {} age {}s {state}",
                     z.pid,
                     z.python,
                     z.preloads.join(","),
+                    if z.learned { " learned" } else { "" },
                     z.forks,
                     z.age_secs
                 );
+            }
+            let l = st.learning;
+            if l.enabled {
+                let counts: Vec<String> = l.counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
+                println!(
+                    "learning on: a set imported by {} of the last {} runs gets a zygote (at most {}); \
+                     {} runs remembered: {}",
+                    l.threshold,
+                    l.window,
+                    l.zygotes,
+                    l.runs,
+                    if counts.is_empty() { "nothing imported".to_owned() } else { counts.join(", ") }
+                );
+                if !l.refused.is_empty() {
+                    println!("learning refused (failed to import): {}", l.refused.join(","));
+                }
+            } else {
+                println!("learning off");
             }
         })
     } else if args.stop {
@@ -90,6 +130,12 @@ pub fn main(args: &PoolArgs) -> u8 {
                 .collect(),
             recycle_after_forks: args.recycle_after_forks,
             recycle_after: std::time::Duration::from_secs(args.recycle_after_secs),
+            learn: crate::learn::LearnOpts {
+                enabled: args.learn_preloads == "on",
+                threshold: args.learn_threshold,
+                window: args.learn_window,
+                zygotes: args.learned_zygotes,
+            },
         };
         crate::server::serve(&opts)
     };

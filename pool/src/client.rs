@@ -214,8 +214,8 @@ pub fn forward_signal(pidfd: BorrowedFd<'_>, sig: i32) -> Result<(), PoolError> 
     Ok(())
 }
 
-/// The pool's zygotes, one line each.
-pub fn status() -> Result<Vec<wire::ZygoteStatus>, PoolError> {
+/// The pool's zygotes and what it has learned.
+pub fn status() -> Result<wire::PoolStatus, PoolError> {
     let conn = connect()?;
     wire::send(conn.as_fd(), &wire::Request::Status, &[])?;
     match wire::recv(conn.as_fd())? {

@@ -33,8 +33,14 @@
 //! the new one is started between requests and the old one retired once the new is ready,
 //! never on a request's path; `pool --status` shows each zygote's forks and age.
 //!
+//! Learning ([`learn`]): each warm proc says at its end which of its program's import names it
+//! imported from the interpreter's own path; a set imported by 3 of the last 20 runs gets a
+//! zygote of its own, started between requests (at most 2, the least recently used replaced;
+//! `pool --learn-preloads=off`, `--learn-threshold`, `--learn-window`, `--learned-zygotes`).
+//!
 //! `wire.rs` is the framing and the messages (a leaf), [`choose`] which runs may be warm,
-//! `zygote.rs` + `zygote.py` a zygote, [`server`] the pool, [`client`] the client's side.
+//! `zygote.rs` + `zygote.py` a zygote, [`server`] the pool, [`client`] the client's side,
+//! [`learn`] the preloads learned from use.
 //! Nothing here decides syscalls: the filter is the client's, compiled as for a cold run.
 #![deny(unsafe_code)]
 
@@ -42,6 +48,7 @@ pub mod ask;
 pub mod choose;
 pub mod cli;
 pub mod client;
+pub mod learn;
 pub mod server;
 pub mod wire;
 mod zygote;

@@ -9,8 +9,13 @@
 //! [`PoolOpts::recycle_after`] old, its replacement is started between requests; the old one
 //! serves until the new one is ready, then is retired (it forks no more, its procs end as they
 //! would and their clients hear how). No request waits for a zygote to start.
+//!
+//! Learning ([`crate::learn`]): each zygote sends what its ended procs imported; between
+//! requests the pool records it and starts a zygote for a set that earned one (at most
+//! [`LearnOpts::zygotes`], the least recently used replaced once the new one is ready).
 #![forbid(unsafe_code)]
 
+use crate::learn::{valid_name, LearnOpts, Learner};
 use crate::zygote::Zygote;
 use crate::{choose, wire, PoolError};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -34,7 +39,12 @@ pub struct PoolOpts {
     pub recycle_after_forks: u64,
     /// A zygote is replaced once it is this old.
     pub recycle_after: Duration,
+    /// Preloads learned from runs.
+    pub learn: LearnOpts,
 }
+
+/// At most this many import names in one request (a longer list takes the cold path).
+const MAX_IMPORTS: usize = 1024;
 
 /// Make the socket's directory ours and 0700, refusing one that another user owns.
 fn own_dir(dir: &Path) -> Result<(), PoolError> {
@@ -82,8 +92,10 @@ struct Pool {
     python: PathBuf,
     /// The serving zygotes, one per preload set.
     zygotes: Vec<Zygote>,
-    /// Replacements being started: (the slot in `zygotes`, the new zygote).
-    coming: Vec<(usize, Zygote)>,
+    /// Replacements being started: (the slot in `zygotes`, the new zygote); a learned zygote
+    /// without a slot yet is added (or takes the least recently used learned one's).
+    coming: Vec<(Option<usize>, Zygote)>,
+    learner: Learner,
     /// Retired zygotes whose last procs still run.
     retired: Vec<Zygote>,
     recycle_after_forks: u64,
@@ -99,12 +111,18 @@ impl Pool {
         let retry = self
             .failed_at
             .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+        for z in &mut self.zygotes {
+            for names in z.reports() {
+                self.learner.record(&names);
+            }
+        }
+        self.learn(retry);
         for i in 0..self.zygotes.len() {
             let z = &self.zygotes[i];
             let due = z.forks >= self.recycle_after_forks || z.born.elapsed() >= self.recycle_after;
-            if due && retry && !self.coming.iter().any(|(slot, _)| *slot == i) {
-                match Zygote::spawn(z.python.clone(), z.preloads.clone()) {
-                    Ok(new) => self.coming.push((i, new)),
+            if due && retry && !self.coming.iter().any(|(slot, _)| *slot == Some(i)) {
+                match Zygote::spawn(z.python.clone(), z.preloads.clone(), z.learned) {
+                    Ok(new) => self.coming.push((Some(i), new)),
                     Err(e) => {
                         tracing::warn!("pool: recycling {}: {e}", z.describe());
                         self.failed_at = Some(Instant::now());
@@ -118,6 +136,10 @@ impl Pool {
                 Ok(false) => k += 1,
                 Ok(true) => {
                     let (slot, new) = self.coming.swap_remove(k);
+                    let Some(slot) = self.slot_for(slot, &new) else {
+                        self.zygotes.push(new);
+                        continue;
+                    };
                     let mut old = std::mem::replace(&mut self.zygotes[slot], new);
                     tracing::info!(
                         "pool: zygote {} replaced by pid {} after {} forks, {} s",
@@ -130,13 +152,65 @@ impl Pool {
                     self.retired.push(old);
                 }
                 Err(e) => {
-                    tracing::warn!("pool: {e}");
-                    self.failed_at = Some(Instant::now());
-                    self.coming.swap_remove(k);
+                    let (_, gone) = self.coming.swap_remove(k);
+                    match gone.failed_preload().filter(|_| gone.learned) {
+                        // One line, and the name is learned no more.
+                        Some(name) => {
+                            eprintln!("sigma-supervise pool: {e}: not learned again");
+                            self.learner.refuse(name);
+                        }
+                        None => {
+                            tracing::warn!("pool: {e}");
+                            self.failed_at = Some(Instant::now());
+                        }
+                    }
                 }
             }
         }
         self.retired.retain_mut(Zygote::alive);
+    }
+
+    /// Start a zygote for a set the runs have earned, unless one is already coming.
+    fn learn(&mut self, retry: bool) {
+        let learning = self.coming.iter().any(|(slot, _)| slot.is_none());
+        if learning || !retry {
+            return;
+        }
+        let have: Vec<Vec<String>> = self.zygotes.iter().map(|z| z.preloads.clone()).collect();
+        let Some(set) = self.learner.candidate(&have) else {
+            return;
+        };
+        match Zygote::spawn(self.python.clone(), set, true) {
+            Ok(z) => {
+                eprintln!(
+                    "sigma-supervise pool: learned preloads [{}]: starting a zygote",
+                    z.preloads.join(",")
+                );
+                self.coming.push((None, z));
+            }
+            Err(e) => {
+                tracing::warn!("pool: a learned zygote: {e}");
+                self.failed_at = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Where a ready zygote goes: its slot; for a new learned one, none while fewer than the
+    /// cap are learned, else the least recently used learned one's (whose own replacement, if
+    /// one is coming, is dropped).
+    fn slot_for(&mut self, slot: Option<usize>, new: &Zygote) -> Option<usize> {
+        if slot.is_some() || !new.learned {
+            return slot;
+        }
+        let learned = self.zygotes.iter().filter(|z| z.learned).count();
+        if learned < self.learner.opts.zygotes.max(1) {
+            return None;
+        }
+        let lru = (0..self.zygotes.len())
+            .filter(|&i| self.zygotes[i].learned)
+            .min_by_key(|&i| self.zygotes[i].last_used)?;
+        self.coming.retain(|(s, _)| *s != Some(lru));
+        Some(lru)
     }
 
     /// How long the loop may sleep before [`Pool::tend`] has work: a zygote coming of age.
@@ -182,7 +256,7 @@ impl Pool {
                 Ok(true)
             }
             wire::Request::Status => {
-                let all: Vec<wire::ZygoteStatus> = self
+                let zygotes: Vec<wire::ZygoteStatus> = self
                     .zygotes
                     .iter_mut()
                     .map(|z| wire::ZygoteStatus {
@@ -193,6 +267,8 @@ impl Pool {
                         age_secs: z.born.elapsed().as_secs(),
                         alive: z.alive(),
                         replacing: None,
+                        learned: z.learned,
+                        starting: false,
                     })
                     .collect();
                 let ready = self.zygotes.iter().map(Zygote::pid).collect::<Vec<_>>();
@@ -203,10 +279,24 @@ impl Pool {
                     forks: 0,
                     age_secs: 0,
                     alive: true,
-                    replacing: Some(ready[*slot]),
+                    replacing: slot.map(|s| ready[s]),
+                    learned: z.learned,
+                    starting: true,
                 });
-                let all: Vec<_> = all.into_iter().chain(coming).collect();
-                wire::send(conn.as_fd(), &all, &[])?;
+                let l = &self.learner;
+                let status = wire::PoolStatus {
+                    zygotes: zygotes.into_iter().chain(coming).collect(),
+                    learning: wire::LearnStatus {
+                        enabled: l.opts.enabled,
+                        threshold: l.opts.threshold,
+                        window: l.opts.window,
+                        zygotes: l.opts.zygotes,
+                        runs: l.runs(),
+                        counts: l.counts().into_iter().take(10).collect(),
+                        refused: l.refused(),
+                    },
+                };
+                wire::send(conn.as_fd(), &status, &[])?;
                 Ok(false)
             }
             wire::Request::Run {
@@ -228,6 +318,10 @@ impl Pool {
         startup: &[String],
     ) -> Result<(), PoolError> {
         let cold = |why: String| wire::send(conn, &wire::Answer::Cold { why }, &[]);
+        // The names come from the client: refused unless each is a plain module name.
+        if imports.len() > MAX_IMPORTS || !imports.iter().all(|n| valid_name(n)) {
+            return cold("the request names modules that are not plain module names".into());
+        }
         if Path::new(python) != self.python {
             return cold(format!(
                 "the pool's interpreter is {}",
@@ -247,12 +341,17 @@ impl Pool {
         if self.zygotes[i].startup != startup {
             return cold("the PYTHON* or locale variables differ from the pool's".into());
         }
+        let hand = wire::Hand {
+            imports: imports.to_vec(),
+            learn: self.learner.opts.enabled,
+        };
         let z = &mut self.zygotes[i];
-        if !z.alive() || z.hand(conn).is_err() {
+        if !z.alive() || z.hand(conn, &hand).is_err() {
             let why = format!("the zygote {} is gone (restarted)", z.describe());
             cold(why)?;
-            let (python, preloads) = (z.python.clone(), z.preloads.clone());
+            let (python, preloads, learned) = (z.python.clone(), z.preloads.clone(), z.learned);
             self.zygotes[i] = Zygote::start(python, preloads)?;
+            self.zygotes[i].learned = learned;
             return Ok(());
         }
         wire::send(
@@ -291,16 +390,29 @@ pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
         recycle_after_forks: opts.recycle_after_forks.max(1),
         recycle_after: opts.recycle_after,
         failed_at: None,
+        learner: Learner::new(opts.learn),
     };
     loop {
         pool.tend();
         let mut fds = vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-        // A replacement's "ready" wakes the loop at once.
+        // A replacement's "ready" wakes the loop at once, and so does a zygote's report of what
+        // a proc imported (when learning).
         fds.extend(
             pool.coming
                 .iter()
                 .map(|(_, z)| PollFd::new(z.ctl(), PollFlags::POLLIN)),
         );
+        if pool.learner.opts.enabled {
+            // Not a dead one's (its socket would wake the loop forever).
+            let live: Vec<bool> = pool.zygotes.iter_mut().map(Zygote::alive).collect();
+            fds.extend(
+                pool.zygotes
+                    .iter()
+                    .zip(live)
+                    .filter(|(_, live)| *live)
+                    .map(|(z, _)| PollFd::new(z.ctl(), PollFlags::POLLIN)),
+            );
+        }
         let wait = pool
             .next_due()
             .clamp(Duration::from_millis(1), Duration::from_secs(60));

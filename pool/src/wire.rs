@@ -173,6 +173,49 @@ pub struct ZygoteStatus {
     /// A replacement still starting: the pid of the zygote it will retire.
     #[serde(default)]
     pub replacing: Option<i32>,
+    /// Its preloads were learned from runs ([`crate::learn`]), not given.
+    #[serde(default)]
+    pub learned: bool,
+    /// Still starting (not yet serving).
+    #[serde(default)]
+    pub starting: bool,
+}
+
+/// The answer to [`Request::Status`]: the zygotes, and what the pool has learned.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct PoolStatus {
+    pub zygotes: Vec<ZygoteStatus>,
+    pub learning: LearnStatus,
+}
+
+/// What `--status` shows of [`crate::learn::Learner`].
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct LearnStatus {
+    pub enabled: bool,
+    pub threshold: usize,
+    pub window: usize,
+    pub zygotes: usize,
+    /// Runs remembered.
+    pub runs: usize,
+    /// The most imported names and their counts (at most ten).
+    pub counts: Vec<(String, usize)>,
+    /// Names dropped because they failed to import in a zygote.
+    pub refused: Vec<String>,
+}
+
+/// What the pool tells a zygote with a client's connection: the names the program's source
+/// imports (validated), which the proc checks against its `sys.modules` at its end when the
+/// pool learns ([`crate::learn`]).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Hand {
+    pub imports: Vec<String>,
+    pub learn: bool,
+}
+
+/// A zygote's report of a proc that ended: the names it imported ([`crate::learn`]).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Imported {
+    pub imported: Vec<String>,
 }
 
 /// A descriptor accept4(2) just made, owned.

@@ -6,6 +6,11 @@
 # and runs the program as `python3 script.py` / `python3 -c CODE` would. The parent reaps the
 # child and writes how it ended to the client's report pipe (jail::init::Ended's two bytes).
 # Nothing here is left in sys.modules for the program but what the preloads imported.
+# Preloads come from the interpreter's own sys.path: '' (the pool's working directory) is left
+# out while they are imported. A preload that fails is named on CTL_FD ("failed NAME: why").
+# When the pool learns preloads, each proc writes at its end which of the program's import
+# names it imported itself from the interpreter's own path (a shared page, no descriptor);
+# the zygote sends them to the pool after reaping it (sigma-pool's learn.rs).
 _BASE_MAIN = dict(globals())
 import sys
 
@@ -16,10 +21,27 @@ def _zygote():
     base_main = _BASE_MAIN
     ctl_fd = int(sys.argv[1])
     preloads = [p for p in sys.argv[2].split(",") if p]
+    import _thread
+    startup = {m.partition(".")[0] for m in sys.modules}
+    own = [p for p in sys.path if p]  # the interpreter's own path, without ''
+    first = sys.path[:1]
+    sys.path[:] = own
     for name in preloads:
-        __import__(name)
+        try:
+            __import__(name)
+            if _thread._count():
+                raise ImportError("it started a thread")
+        except BaseException as e:
+            import socket
+            why = "failed %s: %s" % (name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+            socket.socket(fileno=ctl_fd).send(why.encode()[:4000])
+            sys.stderr.flush()
+            __import__("os")._exit(4)
+    sys.path[:0] = [p for p in first if not p]
     keep = set(sys.modules)
-    import os, gc, json, signal, socket, ctypes, threading, io, fcntl, resource
+    import os, gc, json, signal, socket, ctypes, threading, io, fcntl, resource, mmap
+    own_dirs = {os.path.abspath(p) for p in own}
+    pages = {}  # child pid -> the page it writes its imported names to
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -53,6 +75,49 @@ def _zygote():
             except OSError:
                 pass
             os.close(fd)
+            page = pages.pop(pid, None)
+            if page is not None:
+                send_imported(page)
+
+    def send_imported(page):
+        # What the proc wrote is untrusted: bounded, each name checked, at most 32.
+        n = int.from_bytes(page[:4], "little")
+        raw = page[4:4 + n] if 0 <= n <= len(page) - 4 else b""
+        page.close()
+        names = [m for m in raw.decode("ascii", "replace").split(",")
+                 if m.isascii() and m.isidentifier() and len(m) <= 64][:32]
+        try:
+            ctl.send(json.dumps({"imported": names}).encode(), socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+
+    def record(page, imports, excluded):
+        # Of the program's import names, those it imported itself (not at start-up), each
+        # from a directory of the interpreter's own sys.path and not the script's directory
+        # or the working directory: no user code is ever named. No system call.
+        try:
+            names = []
+            for name in imports:
+                mod = sys.modules.get(name)
+                if mod is None or name in startup:
+                    continue
+                spec = getattr(mod, "__spec__", None)
+                origin = getattr(spec, "origin", None)
+                if origin in ("built-in", "frozen"):
+                    names.append(name)
+                    continue
+                if not isinstance(origin, str) or not getattr(spec, "has_location", False):
+                    continue
+                d = os.path.dirname(origin)
+                if spec.submodule_search_locations is not None:
+                    d = os.path.dirname(d)
+                if d in own_dirs and d not in excluded:
+                    names.append(name)
+            data = ",".join(names).encode()[:len(page) - 4]
+            page[4:4 + len(data)] = data
+            page[:4] = len(data).to_bytes(4, "little")
+        except BaseException:
+            pass
 
     signal.signal(signal.SIGCHLD, reap)
 
@@ -135,8 +200,10 @@ def _zygote():
         t.mode = mode
         return t
 
-    def child(conn, req, fds):
+    def child(conn, req, fds, hand, page):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for other in pages.values():
+            other.close()  # siblings' pages are theirs
         sys.stdout.flush()
         sys.stderr.flush()
         for i in range(3):
@@ -208,9 +275,15 @@ def _zygote():
             loader = sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", script)
             g.update(__file__=script, __cached__=None, __loader__=loader)
             code = compile(source, script, "exec", dont_inherit=True)
+        excluded = {os.path.abspath(sys.path[0] or "."), os.path.abspath(".")}
+        imports = hand.get("imports", [])
         gc.enable()
         try:
-            exec(code, g)
+            try:
+                exec(code, g)
+            finally:
+                if page is not None:
+                    record(page, imports, excluded)
         except SystemExit:
             raise
         except BaseException as e:
@@ -242,9 +315,13 @@ def _zygote():
     ctl.send(b"ready")
     while True:
         try:
-            _, fds, _, _ = socket.recv_fds(ctl, 16, 1)
+            said, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 1)
         except InterruptedError:
             continue
+        try:
+            hand = json.loads(said) if fds else {}
+        except ValueError:
+            hand = {}
         if not fds:
             # The pool retired this zygote (or is gone): no more forks; the procs it has end
             # as they would, and each one's client still hears how.
@@ -266,12 +343,15 @@ def _zygote():
                 os.close(fd)
             conn.close()
             continue
+        page = mmap.mmap(-1, 4096) if hand.get("learn") else None
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
         pid = os.fork()
         if pid == 0:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-            child(conn, req, cfds)
+            child(conn, req, cfds, hand, page)
         ended[pid] = cfds[3]
+        if page is not None:
+            pages[pid] = page
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
         for fd in cfds[:3]:
             os.close(fd)

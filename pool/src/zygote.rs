@@ -3,7 +3,9 @@
 //! once its preloads are imported and its heap frozen. [`Zygote::hand`] passes it a client's
 //! connection. A zygote is started ahead of need ([`Zygote::spawn`], then [`Zygote::poll_ready`]
 //! from the pool's loop) and retired without loss ([`Zygote::retire`]: it forks no more, reaps
-//! the procs it has and reports how each ended, then exits).
+//! the procs it has and reports how each ended, then exits). After each proc it sends what the
+//! proc imported ([`Zygote::reports`], for [`crate::learn`]); a preload that fails to import
+//! is named ([`Zygote::failed_preload`]).
 #![forbid(unsafe_code)]
 
 use crate::{wire, PoolError};
@@ -26,6 +28,12 @@ pub struct Zygote {
     /// When it said "ready" (its age counts from there).
     pub born: Instant,
     pub ready: bool,
+    /// Its preloads were learned ([`crate::learn`]), not given.
+    pub learned: bool,
+    /// When it last served a run (learned zygotes beyond the cap go least recently used first).
+    pub last_used: Instant,
+    /// The preload it could not import, if it ended so.
+    failed: Option<String>,
     ctl: OwnedFd,
     child: Child,
 }
@@ -33,23 +41,60 @@ pub struct Zygote {
 impl Zygote {
     /// Start one and wait until it is ready.
     pub fn start(python: PathBuf, preloads: Vec<String>) -> Result<Zygote, PoolError> {
-        let mut z = Zygote::spawn(python, preloads)?;
+        let mut z = Zygote::spawn(python, preloads, false)?;
         match wire::recv_raw(z.ctl.as_fd())? {
             Some((m, _)) if m == b"ready" => {
                 z.ready = true;
                 z.born = Instant::now();
                 Ok(z)
             }
-            _ => Err(z.never_ready()),
+            other => Err(z.never_ready(other.map(|(m, _)| m))),
         }
     }
 
-    fn never_ready(&self) -> PoolError {
+    /// Its last word was not "ready": "failed NAME: why" names the preload it could not import.
+    fn never_ready(&mut self, said: Option<Vec<u8>>) -> PoolError {
+        let said = said.map(|m| String::from_utf8_lossy(&m).into_owned());
+        if let Some(rest) = said.as_deref().and_then(|m| m.strip_prefix("failed ")) {
+            let name = rest.split(':').next().unwrap_or("");
+            self.failed = Some(name.to_owned());
+            return PoolError::Setup(format!(
+                "the zygote of {} cannot preload {rest}",
+                self.python.display()
+            ));
+        }
         PoolError::Setup(format!(
             "the zygote of {} with preloads [{}] ended before it was ready",
             self.python.display(),
             self.preloads.join(",")
         ))
+    }
+
+    /// The preload that a zygote which never got ready could not import.
+    pub fn failed_preload(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// What its procs imported, one list per proc that ended since the last call (without
+    /// waiting; names as the zygote sent them, the caller validates).
+    pub fn reports(&mut self) -> Vec<Vec<String>> {
+        let mut out = Vec::new();
+        // A few at a time: the pool's loop comes back for the rest.
+        for _ in 0..64 {
+            let mut fds = [PollFd::new(self.ctl.as_fd(), PollFlags::POLLIN)];
+            if !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0) {
+                break;
+            }
+            match wire::recv_raw(self.ctl.as_fd()) {
+                Ok(Some((m, _))) => {
+                    if let Ok(r) = serde_json::from_slice::<wire::Imported>(&m) {
+                        out.push(r.imported);
+                    }
+                }
+                _ => break,
+            }
+        }
+        out
     }
 
     /// Whether a zygote [`Zygote::spawn`]ed has said "ready" (without waiting); Err if it ended.
@@ -74,7 +119,7 @@ impl Zygote {
                 self.born = Instant::now();
                 Ok(true)
             }
-            _ => Err(self.never_ready()),
+            other => Err(self.never_ready(other.map(|(m, _)| m))),
         }
     }
 
@@ -90,7 +135,11 @@ impl Zygote {
     }
 
     /// Start one; it is ready once [`Zygote::poll_ready`] says so.
-    pub fn spawn(python: PathBuf, preloads: Vec<String>) -> Result<Zygote, PoolError> {
+    pub fn spawn(
+        python: PathBuf,
+        preloads: Vec<String>,
+        learned: bool,
+    ) -> Result<Zygote, PoolError> {
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -141,6 +190,9 @@ impl Zygote {
             forks: 0,
             born: Instant::now(),
             ready: false,
+            learned,
+            last_used: Instant::now(),
+            failed: None,
             ctl: ours,
             child,
         })
@@ -155,10 +207,12 @@ impl Zygote {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Pass a client's connection to it; Err if it is gone.
-    pub fn hand(&mut self, conn: BorrowedFd<'_>) -> Result<(), PoolError> {
-        wire::send_raw(self.ctl.as_fd(), b"c", &[conn])?;
+    /// Pass a client's connection to it with what the program imports (validated names) and
+    /// whether its proc is to say what it imported; Err if it is gone.
+    pub fn hand(&mut self, conn: BorrowedFd<'_>, hand: &wire::Hand) -> Result<(), PoolError> {
+        wire::send(self.ctl.as_fd(), hand, &[conn])?;
         self.forks += 1;
+        self.last_used = Instant::now();
         Ok(())
     }
 

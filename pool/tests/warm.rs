@@ -37,6 +37,10 @@ fn main() -> ExitCode {
             "ctrl_c_through_a_pseudo_terminal_ends_a_warm_proc_as_a_cold_one",
             ctrl_c_through_a_pseudo_terminal_ends_a_warm_proc_as_a_cold_one,
         ),
+        (
+            "learning_takes_no_clients_word_for_what_a_run_imported",
+            learning_takes_no_clients_word_for_what_a_run_imported,
+        ),
     ];
     let mut ran = 0;
     for (name, test) in tests {
@@ -105,7 +109,11 @@ fn client_role() -> ExitCode {
         python: &python,
         argv: &argv,
         env: &env,
-        imports: pool::choose::imports_of(&args),
+        // A client may claim what it likes (the learning test's fake client does).
+        imports: match std::env::var("SIGMA_POOL_TEST_IMPORTS") {
+            Ok(v) => v.split(',').map(str::to_owned).collect(),
+            Err(_) => pool::choose::imports_of(&args),
+        },
         startup: pool::choose::startup_env_of(&pool::client::env_pairs(&env)),
         filter: filter(),
         fds: Vec::new(),
@@ -168,6 +176,17 @@ impl Pool {
             std::thread::sleep(Duration::from_millis(20));
         }
         Pool { dir, child }
+    }
+
+    /// `pool --status`, all of it.
+    fn status_text(&self) -> String {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .arg("--status")
+            .env(ROLE, "pool")
+            .env("SIGMA_POOL_DIR", self.dir.path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// `pool --status`: one line per zygote.
@@ -465,5 +484,84 @@ fn ctrl_c_through_a_pseudo_terminal_ends_a_warm_proc_as_a_cold_one() {
         Some(libc::SIGTERM),
         "{}",
         String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// The pool's answer to a request a fake client makes up.
+fn answer_to(pool: &Pool, request: &serde_json::Value) -> String {
+    std::env::set_var("SIGMA_POOL_DIR", pool.dir.path());
+    let conn = pool::client::connect().unwrap();
+    pool::wire::send(conn.as_fd(), request, &[]).unwrap();
+    let (answer, _) = pool::wire::recv::<serde_json::Value>(conn.as_fd())
+        .unwrap()
+        .expect("an answer");
+    answer.to_string()
+}
+
+fn learning_takes_no_clients_word_for_what_a_run_imported() {
+    let python = real_python();
+    let pool = Pool::start(&["--python", &python, "--learn-threshold", "2"]);
+    // Names that are no module's: the run is refused (cold, nothing handed to a zygote).
+    let long = "a".repeat(65);
+    let many: Vec<String> = (0..2000).map(|i| format!("m{i}")).collect();
+    for imports in [
+        vec!["json".to_owned(), "os;rm -rf".to_owned()],
+        vec!["../../tmp/x".to_owned()],
+        vec!["".to_owned()],
+        vec!["2fast".to_owned()],
+        vec![long],
+        many,
+    ] {
+        let request = serde_json::json!({
+            "op": "run", "python": python, "imports": imports, "startup": []
+        });
+        let answer = answer_to(&pool, &request);
+        assert!(
+            answer.contains("not plain module names"),
+            "{imports:?}: {answer}"
+        );
+    }
+    // python3 is the pool's interpreter.
+    let path = format!(
+        "{}:{}",
+        Path::new(&python).parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // A client that claims its program imports decimal and json when it does not: the procs'
+    // own sys.modules say otherwise, and nothing is learned, however often it claims so.
+    for _ in 0..4 {
+        let o = pool
+            .client(&["-c", "print('plain')"])
+            .env("PATH", &path)
+            .env("SIGMA_POOL_TEST_IMPORTS", "decimal,json")
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "plain\n");
+        zygote_of(&o);
+    }
+    // A program that imports what it claims is counted (two of them make a zygote).
+    for _ in 0..2 {
+        let o = pool
+            .client(&[
+                "-c",
+                "import decimal, json\nprint(json.dumps(str(decimal.Decimal(2))))",
+            ])
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "\"2\"\n");
+    }
+    let until = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let s = pool.status_text();
+        if s.contains("[decimal,json] learned forks 0") {
+            break s;
+        }
+        assert!(Instant::now() < until, "nothing learned: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        status.contains("6 runs remembered: decimal 2, json 2"),
+        "{status}"
     );
 }

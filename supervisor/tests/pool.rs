@@ -316,3 +316,130 @@ fn the_pool_refuses_another_uid() {
     assert!(err.contains("serves uid 0 only"), "{err}");
     assert!(out.stdout.is_empty());
 }
+
+/// `pool --status`, all of it.
+fn status_of(dir: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(["pool", "--status"])
+        .env("SIGMA_POOL_DIR", dir)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `pool --status` once a zygote's line has `want` and is ready (learned zygotes start
+/// between requests).
+fn status_once(dir: &Path, want: &str) -> String {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = status_of(dir);
+        if s.lines().any(|l| l.contains(want) && l.ends_with(" ready")) {
+            return s;
+        }
+        assert!(Instant::now() < until, "no {want:?} in:\n{s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn preloads_learned_from_runs_serve_later_runs() {
+    // A module the pool's interpreter finds on its own path (PYTHONPATH, the same for the
+    // pool and its runs) that imports in a run but fails in a zygote (the pool's environment
+    // says so): it is dropped from learning with one line, and the rest is learned.
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(
+        site.path().join("flaky.py"),
+        "import os\nif os.environ.get('FLAKY_FAILS'):\n    raise ImportError('flaky fails here')\n",
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("pool.log");
+    let child = Command::new(BIN)
+        .arg("pool")
+        .env("SIGMA_POOL_DIR", dir.path())
+        .env("PYTHONPATH", site.path())
+        .env("FLAKY_FAILS", "1")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let pool = Pool { dir, child };
+    let until = Instant::now() + Duration::from_secs(30);
+    while !pool.dir.path().join("pool.sock").exists() {
+        assert!(Instant::now() < until, "the pool did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let work = tempfile::tempdir().unwrap();
+    // A module beside the script: user code, never preloaded.
+    std::fs::write(work.path().join("helper.py"), "X = 'helper'\n").unwrap();
+    let script = work.path().join("s.py");
+    std::fs::write(
+        &script,
+        "import json, decimal, helper, flaky\n\
+         print(json.dumps([str(decimal.Decimal(1) / 8)]), helper.X)\n",
+    )
+    .unwrap();
+    let nowhere = tempfile::tempdir().unwrap();
+    let run_in = |pool_dir: &Path, extra: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.args(["--no-jail", "--stats"])
+            .args(extra)
+            .args(["python3", script.to_str().unwrap()])
+            .current_dir(work.path())
+            .env("SIGMA_POOL_DIR", pool_dir)
+            .env("PYTHONPATH", site.path())
+            .stdin(Stdio::null());
+        c.output().unwrap()
+    };
+    let cold = run_in(nowhere.path(), &[]);
+    assert_eq!(
+        String::from_utf8_lossy(&cold.stdout),
+        "[\"0.125\"] helper\n",
+        "{}",
+        String::from_utf8_lossy(&cold.stderr)
+    );
+    for _ in 0..3 {
+        let o = run_in(pool.dir.path(), &["--warm"]);
+        assert!(start_of(&o).contains(" [] pid "), "{}", start_of(&o));
+        assert_eq!(o.stdout, cold.stdout);
+    }
+    // Three of the last twenty runs imported json, decimal and flaky from the interpreter's
+    // own path (helper from the script's directory): the zygote for all three fails on
+    // flaky, which is learned no more; then decimal and json get one.
+    let status = status_once(pool.dir.path(), "[decimal,json] learned forks 0 ");
+    assert!(!status.contains("helper"), "{status}");
+    assert!(
+        status.contains("learning refused (failed to import): flaky"),
+        "{status}"
+    );
+    assert!(
+        status.contains("learning on: a set imported by 3 of the last 20 runs"),
+        "{status}"
+    );
+    let said = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("cannot preload"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{said}");
+    assert!(
+        lines[0].contains("cannot preload flaky: flaky fails here: not learned again"),
+        "{said}"
+    );
+    assert!(
+        said.contains("learned preloads [decimal,flaky,json]"),
+        "{said}"
+    );
+    let o = run_in(pool.dir.path(), &["--warm"]);
+    assert!(start_of(&o).contains("[decimal,json]"), "{}", start_of(&o));
+    assert_eq!(o.stdout, cold.stdout);
+    assert_eq!(o.status.code(), cold.status.code());
+    // SOCK's rule still holds: a run that does not import both is not served by it.
+    let o = run(
+        pool.dir.path(),
+        work.path(),
+        &["-c", "import json; print(json.dumps(1))"],
+        b"",
+        &["--warm"],
+    );
+    assert!(!start_of(&o).contains("decimal"), "{}", start_of(&o));
+}
