@@ -174,6 +174,15 @@ impl Zygote {
             })
             .collect();
         cmd.envs(env.iter().cloned());
+        // Without restartable sequences, as a cold proc runs: the proc's filter answers rseq
+        // ENOSYS, so glibc in a cold proc never registers one; a zygote that had registered
+        // would fork a proc whose every new thread fails to (fatal in glibc). The proc's
+        // environment is the client's, so it never sees this.
+        let tunables = match std::env::var("GLIBC_TUNABLES") {
+            Ok(t) if !t.is_empty() => format!("{t}:glibc.pthread.rseq=0"),
+            _ => "glibc.pthread.rseq=0".to_owned(),
+        };
+        cmd.env("GLIBC_TUNABLES", tunables);
         let spawned = cmd.spawn();
         set(FdFlag::FD_CLOEXEC)?;
         drop(theirs);
