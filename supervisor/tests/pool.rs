@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sigma-supervise");
 
+mod corpus;
+#[allow(dead_code)] // the interpreter, not the supervisor command
+mod interp;
+
 struct Pool {
     dir: tempfile::TempDir,
     child: Child,
@@ -14,12 +18,19 @@ struct Pool {
 
 impl Pool {
     fn start(preloads: &[&str]) -> Pool {
+        let mut args = Vec::new();
+        for p in preloads {
+            args.extend(["--preload", p]);
+        }
+        Pool::start_with(&args, |_| {})
+    }
+
+    /// `sigma-supervise pool ARGS`, its command adjusted by `adjust`.
+    fn start_with(args: &[&str], adjust: impl FnOnce(&mut Command)) -> Pool {
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(BIN);
-        cmd.arg("pool").env("SIGMA_POOL_DIR", dir.path());
-        for p in preloads {
-            cmd.args(["--preload", p]);
-        }
+        cmd.arg("pool").args(args).env("SIGMA_POOL_DIR", dir.path());
+        adjust(&mut cmd);
         let child = cmd.stderr(Stdio::null()).spawn().unwrap();
         let sock = dir.path().join("pool.sock");
         let until = Instant::now() + Duration::from_secs(30);
@@ -442,4 +453,63 @@ fn preloads_learned_from_runs_serve_later_runs() {
         &["--warm"],
     );
     assert!(!start_of(&o).contains("decimal"), "{}", start_of(&o));
+}
+
+/// Corpus programs that differ from bare under `--no-jail` itself, cold as warm, and why.
+const NO_JAIL_DIFFERS: [(&str, &str); 2] = [
+    (
+        "inet_sockets.py",
+        "without a σcontainer the proc has no network of its own: inet sockets are refused",
+    ),
+    (
+        "renice_xattr.py",
+        "without a pid namespace setpriority is allowed on the caller itself only",
+    ),
+];
+
+#[test]
+fn the_everyday_corpus_runs_warm_as_bare() {
+    // Every corpus program bare and as a warm proc (`--no-jail --warm`: a run that could not
+    // be warm fails with one line, and differs), as root, with the pool's interpreter; the
+    // pool has the runs' environment (no PYTHONPATH, no RUST_LOG). Nobody's runs would need
+    // a pool of nobody's (a pool serves its own uid only).
+    let user = corpus::As::root();
+    let python = interp::python();
+    let pool = Pool::start_with(&["--python", python.to_str().unwrap()], |c| {
+        c.env_remove("PYTHONPATH").env_remove("RUST_LOG");
+    });
+    let dir = pool.dir.path().as_os_str();
+    let env = [("SIGMA_POOL_DIR", dir)];
+    let diffs = corpus::differences_with(&user, &["--no-jail", "--warm"], &env);
+    let (known, unknown): (Vec<String>, Vec<String>) = diffs.into_iter().partition(|d| {
+        NO_JAIL_DIFFERS
+            .iter()
+            .any(|(p, _)| d.starts_with(&format!("{p}:")))
+    });
+    assert!(
+        unknown.is_empty(),
+        "{} of {} programs differ warm:\n{}",
+        unknown.len(),
+        corpus::corpus().len(),
+        unknown.join("\n")
+    );
+    // The known ones differ from bare, and warm exactly as cold --no-jail does.
+    assert_eq!(known.len(), NO_JAIL_DIFFERS.len(), "{known:?}");
+    let nowhere = tempfile::tempdir().unwrap();
+    for (prog, why) in NO_JAIL_DIFFERS {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/everyday")
+            .join(prog);
+        let args = [python.as_os_str(), path.as_os_str()];
+        let run = |flags: &[&str], pool_dir: &std::ffi::OsStr| {
+            let mut a: Vec<&std::ffi::OsStr> = flags.iter().map(|f| f.as_ref()).collect();
+            a.extend(args);
+            let mut c = user.command(Path::new(BIN), &a);
+            c.env("SIGMA_POOL_DIR", pool_dir);
+            corpus::outcome(c)
+        };
+        let (cold, cold_err) = run(&["--no-jail"], nowhere.path().as_os_str());
+        let (warm, warm_err) = run(&["--no-jail", "--warm"], dir);
+        assert_eq!(warm, cold, "{prog} ({why}): {warm_err}\ncold: {cold_err}");
+    }
 }
