@@ -17,6 +17,13 @@ count), the variants in turn round after round; the medians of the rounds' rates
 
     python3 scripts/bench-pool.py --throughput -n 5 --runs 640
 
+--learning: what learning preloads costs and gives a warm run, side by side: bare, warm from a
+pool with `--learn-preloads=off` and warm from one that learns (each proc then writes what it
+imported at its end, and a set imported by 3 of the last 20 runs gets a zygote), for `-c pass`
+and for a program whose imports the learning pool learns in its warm-up.
+
+    python3 scripts/bench-pool.py --learning -n 40 --supervisor $PWD/target/debug/sigma-supervise
+
 The supervisor defaults to the release build scripts/build made last. The pool runs in a
 directory of its own (SIGMA_POOL_DIR) and is stopped at the end.
 """
@@ -70,6 +77,44 @@ def throughput(variants: dict, rounds: int, runs: int, clients: int) -> None:
         print(f"{k:34} {med[k]:14.1f} {med[k] / med['bare']:8.2f} {med[k] / cold:17.2f}")
 
 
+def start_pool(cmd: list[str], env: dict) -> subprocess.Popen:
+    pool = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+    until = time.time() + 60
+    while not os.path.exists(os.path.join(env["SIGMA_POOL_DIR"], "pool.sock")):
+        if time.time() > until or pool.poll() is not None:
+            sys.exit("bench-pool: the pool did not start")
+        time.sleep(0.05)
+    return pool
+
+
+def learning_costs(sup: str, py: str, off: dict, on: dict, rounds: int) -> None:
+    imports = "import json, decimal, fractions, statistics, csv, email.message"
+    for cmd in ([py, "-c", "pass"], [py, "-c", imports]):
+        variants = {
+            "bare": (cmd, off),
+            "warm, --learn-preloads=off": ([sup, "--no-jail", "--warm"] + cmd, off),
+            "warm, learning": ([sup, "--no-jail", "--warm"] + cmd, on),
+        }
+        times = {k: [] for k in variants}
+        for c, e in variants.values():  # warm-up (the learning pool learns `imports` here)
+            for _ in range(4):
+                timed(c, e)
+        time.sleep(2)
+        names = list(variants)
+        for i in range(rounds):
+            for k in names[i % len(names):] + names[: i % len(names)]:
+                c, e = variants[k]
+                times[k].append(timed(c, e))
+        med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+        print(f"\n{' '.join(cmd)}  ({rounds} rounds, medians)")
+        print(f"{'variant':34} {'ms':>8} {'÷ bare':>8} {'÷ learning off':>15}")
+        base = med["warm, --learn-preloads=off"]
+        for k in variants:
+            print(f"{k:34} {med[k]:8.2f} {med[k] / med['bare']:8.2f} {med[k] / base:15.2f}")
+    print()
+    subprocess.run([sup, "pool", "--status"], env=on)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=30, help="rounds (default 30)")
@@ -79,6 +124,8 @@ def main() -> None:
                     help="starts per core per second from concurrent clients")
     ap.add_argument("--clients", type=int, default=64, help="concurrent clients (--throughput)")
     ap.add_argument("--runs", type=int, default=640, help="starts per variant and round (--throughput)")
+    ap.add_argument("--learning", action="store_true",
+                    help="warm runs from a pool that learns preloads against one that does not")
     args = ap.parse_args()
     py = real_python()
     sup = args.supervisor
@@ -94,12 +141,19 @@ def main() -> None:
     env["SIGMA_POOL_DIR"] = pool_dir
     no_pool = dict(env, SIGMA_POOL_DIR=tempfile.mkdtemp(prefix="bench-pool-none."))
     pool_cmd = [sup, "pool", "--python", py] + (["--preload", "numpy"] if has_numpy else [])
-    pool = subprocess.Popen(pool_cmd, env=env, stderr=subprocess.DEVNULL)
-    until = time.time() + 60
-    while not os.path.exists(os.path.join(pool_dir, "pool.sock")):
-        if time.time() > until or pool.poll() is not None:
-            sys.exit("bench-pool: the pool did not start")
-        time.sleep(0.05)
+    if args.learning:
+        pool_cmd = [sup, "pool", "--python", py, "--learn-preloads=off"]
+    pool = start_pool(pool_cmd, env)
+    if args.learning:
+        learning = dict(env, SIGMA_POOL_DIR=tempfile.mkdtemp(prefix="bench-pool-learn."))
+        learner = start_pool([sup, "pool", "--python", py], learning)
+        try:
+            learning_costs(sup, py, env, learning, args.n)
+        finally:
+            for e, p in ((env, pool), (learning, learner)):
+                subprocess.run([sup, "pool", "--stop"], env=e, stderr=subprocess.DEVNULL)
+                p.wait(timeout=10)
+        return
     workloads = {"pass": [py, "-c", "pass"]}
     if has_numpy:
         workloads["numpy"] = [py, "-c", "import numpy"]
