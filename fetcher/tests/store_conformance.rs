@@ -261,3 +261,46 @@ async fn bad_bucket_urls_are_one_line_errors() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_https_endpoint_is_reached_through_the_stores_own_tls_client() {
+    // The SDK is built without a default HTTPS client: the store hands it one (rustls on
+    // ring). A local listener that is no TLS server sees the client's TLS ClientHello (a
+    // handshake record, 0x16 0x03) and closes; the fetch fails as unavailable, in one line.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::thread::spawn(move || {
+        use std::io::Read as _;
+        // Not reached at all (no client, or a plain one): no head within 10 s.
+        listener.set_nonblocking(true).unwrap();
+        let start = Instant::now();
+        let mut s = loop {
+            match listener.accept() {
+                Ok((s, _)) => break s,
+                Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(_) => return [0u8; 2],
+            }
+        };
+        s.set_nonblocking(false).unwrap();
+        let mut head = [0u8; 2];
+        s.read_exact(&mut head).unwrap();
+        head
+    });
+    let opts = StoreOptions {
+        endpoint_url: Some(format!("https://127.0.0.1:{port}")),
+        region: Some("us-east-1".into()),
+        credentials: Some(("a".into(), "b".into())),
+        force_path_style: true,
+    };
+    let store = S3Store::connect("b", "", &opts, &FetchConfig::default())
+        .await
+        .unwrap();
+    let e = store.get("sigma-lib/index-v1.json").await.unwrap_err();
+    assert_eq!(seen.join().unwrap(), [0x16, 0x03], "a TLS handshake record");
+    assert!(
+        e.to_string().contains("s3://b") && !e.to_string().contains('\n'),
+        "{e}"
+    );
+}

@@ -57,11 +57,11 @@ impl S3Store {
                 .iter()
                 .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
         });
-        if endpoint.is_some_and(|e| e.starts_with("http://")) {
-            // A plain-HTTP endpoint (a local or on-site S3) never makes a TLS handshake: no
-            // need to read and parse the system's CA bundle (~2-3 ms at every start).
-            loader = loader.http_client(plain_http_client()?);
-        }
+        // The SDK has no client of its own (no default HTTPS client is built in): this one
+        // serves S3 and the credential providers (STS, IMDS, ECS) alike.
+        loader = loader.http_client(http_client(
+            endpoint.is_some_and(|e| e.starts_with("http://")),
+        )?);
         if let Some(r) = &opts.region {
             loader = loader.region(Region::new(r.clone()));
         }
@@ -208,17 +208,24 @@ impl S3Store {
     }
 }
 
-/// The SDK's own HTTP client with an empty trust store: for `http://` endpoints only (a TLS
-/// connection through it would trust no server).
-fn plain_http_client() -> Result<aws_sdk_s3::config::SharedHttpClient> {
+/// The SDK's own HTTP client, rustls on ring, trusting the system's certificate authorities.
+/// For a plain-HTTP endpoint (a local or on-site S3) its trust store is empty: no TLS handshake
+/// is made there, so there is no need to read and parse the system's CA bundle (~2-3 ms at
+/// every start), and a TLS connection through it would trust no server.
+fn http_client(plain: bool) -> Result<aws_sdk_s3::config::SharedHttpClient> {
     use aws_smithy_http_client::tls;
+    let trust = if plain {
+        tls::TrustStore::empty()
+    } else {
+        tls::TrustStore::default()
+    };
     let ctx = tls::TlsContext::builder()
-        .with_trust_store(tls::TrustStore::empty())
+        .with_trust_store(trust)
         .build()
         .map_err(|e| FetchError::invalid("http client", e))?;
     Ok(aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(
-            tls::rustls_provider::CryptoMode::AwsLc,
+            tls::rustls_provider::CryptoMode::Ring,
         ))
         .tls_context(ctx)
         .build_https())
