@@ -6,7 +6,8 @@ use std::path::PathBuf;
 /// Keep Python zygotes warm for this user's runs (foreground; --status, --stop).
 ///
 /// Siblings forked from one zygote share its address-space layout (ASLR) and the interpreter's
-/// hash seed; each proc reseeds `random` and numpy's global generator. So no zygote serves
+/// hash seed; each proc reseeds `random`, numpy's global generator and multiprocessing's
+/// authentication key. So no zygote serves
 /// forever: after --recycle-after-forks procs or --recycle-after-secs seconds it is replaced by
 /// a fresh one, started ahead of any request.
 #[derive(Debug, Clone, clap::Parser)]

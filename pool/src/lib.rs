@@ -28,7 +28,9 @@
 //! are the zygote's interpreter's, as resolved by the pool.
 //!
 //! Recycling: siblings share their zygote's address-space layout and the interpreter's hash
-//! seed (each proc reseeds `random` and numpy's global generator), so a zygote is replaced after
+//! seed (each proc draws anew what a cold start draws at import, for the modules its zygote
+//! has: `random`, numpy's legacy global generator, multiprocessing's authentication key; the
+//! registry `RESEED` in zygote.py, which also names what needs nothing), so a zygote is replaced after
 //! 1000 forks or 15 minutes by default (`pool --recycle-after-forks N --recycle-after-secs S`):
 //! the new one is started between requests and the old one retired once the new is ready,
 //! never on a request's path; `pool --status` shows each zygote's forks and age.

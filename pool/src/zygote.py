@@ -15,6 +15,24 @@ _BASE_MAIN = dict(globals())
 import sys
 
 
+# State a cold start draws from the system's entropy at import, which a fork would copy to every
+# sibling: each proc draws its own before the program runs, for each module the zygote has.
+# Not here, as they need nothing: secrets, uuid.uuid4 and os.urandom (the kernel's, per call),
+# tempfile's name sequence (made anew once the pid differs), ssl (OpenSSL's generator reseeds
+# after a fork), numpy.random.default_rng() (fresh entropy per call). The interpreter's hash
+# seed and the address-space layout stay shared with siblings (pool recycling bounds that).
+RESEED = {
+    # The module-level generator (it also reseeds itself at fork, os.register_at_fork).
+    "random": lambda m: m.seed(),
+    # numpy's legacy global RandomState (np.random.rand, np.random.seed).
+    "numpy.random": lambda m: m.seed(),
+    # The main process's authentication key, 32 random bytes at import: connections between
+    # a proc's processes (Manager, Listener/Client) are authenticated with it.
+    "multiprocessing.process": lambda m: setattr(
+        m.current_process(), "authkey", __import__("os").urandom(32)),
+}
+
+
 def _zygote():
     # Locals, not globals: the child empties __main__'s namespace for the program.
     import sys
@@ -254,10 +272,9 @@ def _zygote():
         sys.orig_argv = argv
         for name in [m for m in sys.modules if m not in keep]:
             del sys.modules[name]
-        if "random" in sys.modules:
-            sys.modules["random"].seed()
-        if "numpy.random" in sys.modules:
-            sys.modules["numpy.random"].seed()
+        for name, reseed in RESEED.items():
+            if name in sys.modules:
+                reseed(sys.modules[name])
         main = sys.modules["__main__"]
         g = main.__dict__
         g.clear()

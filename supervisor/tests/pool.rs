@@ -203,9 +203,15 @@ fn warm_and_cold_runs_agree() {
 
 #[test]
 fn siblings_reseed_their_random_state() {
-    let pool = Pool::start(&["random,uuid"]);
+    // Each value a cold start draws at import or per call: the zygote's modules reseeded
+    // (random, multiprocessing's authentication key) or drawing their own (os.urandom, uuid4,
+    // tempfile's names after a fork).
+    let pool = Pool::start(&["multiprocessing,random,tempfile,uuid"]);
     let work = tempfile::tempdir().unwrap();
-    let code = "import random, uuid, os\nprint(random.random(), os.urandom(8).hex(), uuid.uuid4())";
+    let code = "import random, uuid, os, multiprocessing, tempfile\n\
+                print(random.random(), os.urandom(8).hex(), uuid.uuid4(), \
+                multiprocessing.current_process().authkey.hex(), \
+                os.path.basename(tempfile.mktemp()))";
     let outs: Vec<Output> = (0..3)
         .map(|_| {
             run(
@@ -218,7 +224,11 @@ fn siblings_reseed_their_random_state() {
         })
         .collect();
     for o in &outs {
-        assert!(start_of(o).contains("[random,uuid]"), "{}", start_of(o));
+        assert!(
+            start_of(o).contains("[multiprocessing,random,tempfile,uuid]"),
+            "{}",
+            start_of(o)
+        );
     }
     let lines: Vec<Vec<String>> = outs
         .iter()
@@ -229,8 +239,8 @@ fn siblings_reseed_their_random_state() {
                 .collect()
         })
         .collect();
-    for i in 0..3 {
-        assert_eq!(lines[0].len(), 3);
+    for i in 0..5 {
+        assert_eq!(lines[0].len(), 5, "{:?}", lines[0]);
         for a in 0..3 {
             for b in a + 1..3 {
                 assert_ne!(lines[a][i], lines[b][i], "siblings share value {i}");
