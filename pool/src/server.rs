@@ -96,6 +96,10 @@ struct Pool {
     /// without a slot yet is added (or takes the least recently used learned one's).
     coming: Vec<(Option<usize>, Zygote)>,
     learner: Learner,
+    /// Something learning depends on changed (a report, a refused name, a learned zygote in
+    /// place): look for a set that earned a zygote (not on every round: the window may be
+    /// long).
+    relearn: bool,
     /// Retired zygotes whose last procs still run.
     retired: Vec<Zygote>,
     recycle_after_forks: u64,
@@ -114,6 +118,7 @@ impl Pool {
         for z in &mut self.zygotes {
             for names in z.reports() {
                 self.learner.record(&names);
+                self.relearn = true;
             }
         }
         self.learn(retry);
@@ -136,6 +141,7 @@ impl Pool {
                 Ok(false) => k += 1,
                 Ok(true) => {
                     let (slot, new) = self.coming.swap_remove(k);
+                    self.relearn |= new.learned;
                     let Some(slot) = self.slot_for(slot, &new) else {
                         self.zygotes.push(new);
                         continue;
@@ -158,6 +164,7 @@ impl Pool {
                         Some(name) => {
                             eprintln!("sigma-supervise pool: {e}: not learned again");
                             self.learner.refuse(name);
+                            self.relearn = true;
                         }
                         None => {
                             tracing::warn!("pool: {e}");
@@ -173,9 +180,10 @@ impl Pool {
     /// Start a zygote for a set the runs have earned, unless one is already coming.
     fn learn(&mut self, retry: bool) {
         let learning = self.coming.iter().any(|(slot, _)| slot.is_none());
-        if learning || !retry {
+        if !self.relearn || learning || !retry {
             return;
         }
+        self.relearn = false;
         let have: Vec<Vec<String>> = self.zygotes.iter().map(|z| z.preloads.clone()).collect();
         let Some(set) = self.learner.candidate(&have) else {
             return;
@@ -391,6 +399,7 @@ pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
         recycle_after: opts.recycle_after,
         failed_at: None,
         learner: Learner::new(opts.learn),
+        relearn: false,
     };
     loop {
         pool.tend();
