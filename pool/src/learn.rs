@@ -126,9 +126,15 @@ impl Learner {
         self.runs.iter().filter(|r| set.is_subset(r)).count()
     }
 
+    /// How many of the remembered runs imported every one of `names` (a learned zygote whose
+    /// place a candidate would take must be used less: no two sets take turns).
+    pub fn used_by(&self, names: &[String]) -> usize {
+        self.support(&names.iter().cloned().collect())
+    }
+
     /// The set that earns a zygote, if one does: of the names at least K runs imported, each
-    /// run's share is a candidate; the largest imported by at least K runs (then the most
-    /// used, then the first by name) wins, unless a zygote preloads exactly it (`have`).
+    /// run's share is a candidate, unless a zygote preloads exactly it (`have`); the largest
+    /// imported by at least K runs (then the most used, then the first by name) wins.
     pub fn candidate(&self, have: &[Vec<String>]) -> Option<Vec<String>> {
         if !self.opts.enabled {
             return None;
@@ -140,10 +146,11 @@ impl Learner {
             .filter(|(_, c)| *c >= k)
             .map(|(n, _)| n)
             .collect();
+        let have: Vec<BTreeSet<&String>> = have.iter().map(|h| h.iter().collect()).collect();
         let mut best: Option<(usize, usize, BTreeSet<String>)> = None;
         for run in &self.runs {
             let set: BTreeSet<String> = run.intersection(&frequent).cloned().collect();
-            if set.is_empty() {
+            if set.is_empty() || have.iter().any(|h| h.iter().copied().eq(set.iter())) {
                 continue;
             }
             let support = self.support(&set);
@@ -161,14 +168,7 @@ impl Learner {
                 best = Some((set.len(), support, set));
             }
         }
-        let (_, _, set) = best?;
-        let set: Vec<String> = set.into_iter().collect();
-        let exists = have.iter().any(|h| {
-            let mut h = h.clone();
-            h.sort();
-            h == set
-        });
-        (!exists).then_some(set)
+        best.map(|(_, _, set)| set.into_iter().collect())
     }
 
     /// Each name and how many remembered runs imported it, most first.
@@ -220,8 +220,26 @@ mod tests {
         assert_eq!(l.candidate(&[]), None, "two runs are not three");
         l.record(&v(&["decimal", "json", "bad name", "../x"]));
         assert_eq!(l.candidate(&[]), Some(v(&["decimal", "json"])));
-        // A zygote that preloads exactly it: nothing more to learn.
+        // A zygote that preloads exactly it: nothing more to learn (no run imported json
+        // without decimal), until runs import another set.
         assert_eq!(l.candidate(&[v(&["json", "decimal"])]), None);
+        let mut more = Learner::new(LearnOpts::default());
+        for names in [
+            &["json"][..],
+            &["json"],
+            &["json"],
+            &["csv"],
+            &["csv"],
+            &["csv"],
+        ] {
+            more.record(&v(names));
+        }
+        assert_eq!(
+            more.candidate(&[]),
+            Some(v(&["csv"])),
+            "ties: the first by name"
+        );
+        assert_eq!(more.candidate(&[v(&["csv"])]), Some(v(&["json"])));
         // A name that failed to import is dropped, and so is what it earned.
         l.refuse("decimal");
         assert_eq!(l.candidate(&[]), Some(v(&["json"])));

@@ -37,7 +37,8 @@
 //!
 //! Learning ([`learn`]): each warm proc says at its end which of its program's import names it
 //! imported from the interpreter's own path; a set imported by 3 of the last 20 runs gets a
-//! zygote of its own, started between requests (at most 2, the least recently used replaced;
+//! zygote of its own, started between requests (at most 2; at the cap it takes the least
+//! recently used one's place once more runs imported it;
 //! `pool --learn-preloads=off`, `--learn-threshold`, `--learn-window`, `--learned-zygotes`).
 //!
 //! `wire.rs` is the framing and the messages (a leaf), [`choose`] which runs may be warm,

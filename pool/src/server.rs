@@ -188,6 +188,15 @@ impl Pool {
         let Some(set) = self.learner.candidate(&have) else {
             return;
         };
+        // At the cap, the set takes the least recently used learned zygote's place only if more
+        // of the remembered runs imported it (else two sets would replace each other in turn).
+        let learned = self.zygotes.iter().filter(|z| z.learned);
+        if learned.clone().count() >= self.learner.opts.zygotes.max(1) {
+            let lru = learned.min_by_key(|z| z.last_used).map(|z| &z.preloads);
+            if lru.is_some_and(|l| self.learner.used_by(l) >= self.learner.used_by(&set)) {
+                return;
+            }
+        }
         match Zygote::spawn(self.python.clone(), set, true) {
             Ok(z) => {
                 eprintln!(

@@ -41,6 +41,10 @@ fn main() -> ExitCode {
             "learning_takes_no_clients_word_for_what_a_run_imported",
             learning_takes_no_clients_word_for_what_a_run_imported,
         ),
+        (
+            "the_least_recently_used_learned_zygote_makes_way",
+            the_least_recently_used_learned_zygote_makes_way,
+        ),
     ];
     let mut ran = 0;
     for (name, test) in tests {
@@ -563,5 +567,64 @@ fn learning_takes_no_clients_word_for_what_a_run_imported() {
     assert!(
         status.contains("6 runs remembered: decimal 2, json 2"),
         "{status}"
+    );
+}
+
+fn the_least_recently_used_learned_zygote_makes_way() {
+    let python = real_python();
+    let pool = Pool::start(&[
+        "--python",
+        &python,
+        "--learn-threshold",
+        "1",
+        "--learned-zygotes",
+        "1",
+    ]);
+    let path = format!(
+        "{}:{}",
+        Path::new(&python).parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let learned = |want: &str| {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = pool.status_text();
+            let lines: Vec<&str> = s.lines().filter(|l| l.contains(" learned ")).collect();
+            if lines.len() == 1 && lines[0].contains(want) && lines[0].ends_with(" ready") {
+                return pid_of_status(lines[0]);
+            }
+            assert!(Instant::now() < until, "not only {want} learned: {s}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let run = |code: &str| {
+        let o = pool
+            .client(&["-c", code])
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        zygote_of(&o)
+    };
+    run("import json\nprint(json.dumps(1))");
+    let first = learned("[json] learned");
+    assert_eq!(run("import json\nprint(json.dumps(2))"), first);
+    // Another set earns a zygote, but one learned zygote at most: it takes the place of the
+    // least recently used only once more runs imported it (json's two, then decimal's
+    // three), and the two do not take turns.
+    for i in 0..2 {
+        run(&format!("import decimal\nprint(decimal.Decimal({i}))"));
+        assert_eq!(learned("[json] learned"), first);
+    }
+    run("import decimal\nprint(decimal.Decimal(3))");
+    let second = learned("[decimal] learned");
+    assert_ne!(second, first);
+    assert_eq!(run("import decimal\nprint(decimal.Decimal(4))"), second);
+    run("import json\nprint(json.dumps(3))");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        learned("[decimal] learned"),
+        second,
+        "json took decimal's place back"
     );
 }
