@@ -1,6 +1,6 @@
 //! A run asks for a warm proc: what the caller knows makes it differ from a cold start
-//! ([`Run::unlike_cold`]), then [`crate::choose`]'s rules, then the pool. The answer says which
-//! start the run takes, and why ([`Start`], shown by `--stats`).
+//! ([`Run::unlike`]), then [`crate::choose`]'s rules, then the pool. The answer says which
+//! start the run takes, and why (shown by `--stats`).
 #![forbid(unsafe_code)]
 
 use crate::client::{self, Outcome, Started, WarmRequest};

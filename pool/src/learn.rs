@@ -18,9 +18,10 @@
 //! [`MAX_PER_RUN`] of them, the window holds at most N runs (capped at [`MAX_WINDOW`]), and a
 //! name is imported by the pool only once K runs' own interpreters have imported it from the
 //! interpreter's own path. A name that fails to import in a zygote is dropped from learning
-//! (one log line; at most [`MAX_REFUSED`] such are remembered). Cold runs report nothing: the
-//! client sees their system calls, not their `sys.modules`, and their import lines alone are
-//! the client's word.
+//! (one log line; at most [`MAX_REFUSED`] such are remembered). The page is one 4 KiB shared
+//! anonymous mapping made before the fork (the one trace of learning a proc could see, in
+//! `/proc/self/maps`). Cold runs report nothing: the client sees their system calls, not their
+//! `sys.modules`, and their import lines alone are the client's word.
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeSet, VecDeque};
