@@ -161,9 +161,11 @@ impl Pool {
                     let (_, gone) = self.coming.swap_remove(k);
                     match gone.failed_preload().filter(|_| gone.learned) {
                         // One line, and the name is learned no more.
-                        Some(name) => {
+                        Some(names) => {
                             eprintln!("sigma-supervise pool: {e}: not learned again");
-                            self.learner.refuse(name);
+                            for name in names.split(',') {
+                                self.learner.refuse(name);
+                            }
                             self.relearn = true;
                         }
                         None => {

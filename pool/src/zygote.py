@@ -44,6 +44,14 @@ def _zygote():
     own = [p for p in sys.path if p]  # the interpreter's own path, without ''
     first = sys.path[:1]
     sys.path[:] = own
+    # Every preload that no finder of the interpreter's finds, named at once.
+    missing = [n for n in preloads
+               if not any(getattr(f, "find_spec", lambda *a: None)(n, None) for f in sys.meta_path)]
+    if missing:
+        import socket
+        why = "failed %s: not found on the interpreter's path" % ",".join(missing)
+        socket.socket(fileno=ctl_fd).send(why.encode()[:4000])
+        __import__("os")._exit(4)
     for name in preloads:
         try:
             __import__(name)

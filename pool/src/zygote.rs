@@ -52,7 +52,8 @@ impl Zygote {
         }
     }
 
-    /// Its last word was not "ready": "failed NAME: why" names the preload it could not import.
+    /// Its last word was not "ready": "failed NAME[,NAME...]: why" names the preloads it could
+    /// not import.
     fn never_ready(&mut self, said: Option<Vec<u8>>) -> PoolError {
         let said = said.map(|m| String::from_utf8_lossy(&m).into_owned());
         if let Some(rest) = said.as_deref().and_then(|m| m.strip_prefix("failed ")) {
@@ -70,7 +71,7 @@ impl Zygote {
         ))
     }
 
-    /// The preload that a zygote which never got ready could not import.
+    /// The preloads that a zygote which never got ready could not import, comma-separated.
     pub fn failed_preload(&self) -> Option<&str> {
         self.failed.as_deref()
     }

@@ -45,6 +45,10 @@ fn main() -> ExitCode {
             "the_least_recently_used_learned_zygote_makes_way",
             the_least_recently_used_learned_zygote_makes_way,
         ),
+        (
+            "what_a_hostile_proc_reports_is_bounded_and_checked",
+            what_a_hostile_proc_reports_is_bounded_and_checked,
+        ),
     ];
     let mut ran = 0;
     for (name, test) in tests {
@@ -627,4 +631,88 @@ fn the_least_recently_used_learned_zygote_makes_way() {
         second,
         "json took decimal's place back"
     );
+}
+
+/// A program that finds the page its proc reports its imports on in its own maps, writes its
+/// own report there (a length of LEN and BODY) and ends by os._exit, so the proc's own report
+/// is never written over it.
+const SPOIL: &str = r#"
+import ctypes, os, sys
+length, body = int(sys.argv[1]), sys.argv[2].encode()
+for line in open("/proc/self/maps"):
+    f = line.split()
+    lo, hi = (int(x, 16) for x in f[0].split("-"))
+    if f[1] == "rw-s" and hi - lo == 4096 and "/dev/zero" in line:
+        ctypes.memmove(lo + 4, body, min(len(body), 4092))
+        ctypes.memmove(lo, length.to_bytes(4, "little"), 4)
+        print("spoiled", flush=True)
+os._exit(0)
+"#;
+
+fn what_a_hostile_proc_reports_is_bounded_and_checked() {
+    let python = real_python();
+    let pool = Pool::start(&["--python", &python, "--learn-threshold", "1"]);
+    let path = format!(
+        "{}:{}",
+        Path::new(&python).parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let long = "z".repeat(65);
+    let many: String = (0..100).map(|i| format!("m{i},")).collect();
+    for (length, body) in [
+        // A length beyond the page: nothing.
+        ("4294967295".to_owned(), "json".to_owned()),
+        // Names that are no module's, and one too long: dropped; no_such_module is counted.
+        (
+            "4092".to_owned(),
+            format!("no_such_module,../x,a b,os;rm,{long},"),
+        ),
+        // More than 32 names: the first 32 (m0..m31).
+        ("4092".to_owned(), many),
+    ] {
+        let o = pool
+            .client(&["-c", SPOIL, &length, &body])
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "spoiled\n",
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // The one plain name a single run reported earned a zygote (threshold 1), which could not
+    // import it: dropped from learning. Of the many, none is in the counts beyond the 32nd.
+    let until = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let s = pool.status_text();
+        let refused = s.lines().find(|l| l.starts_with("learning refused"));
+        if refused.is_some_and(|l| l.contains("m31") && l.contains("no_such_module")) {
+            break s;
+        }
+        assert!(Instant::now() < until, "{s}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.contains("3 runs remembered: "), "{status}");
+    // All 33 names that no finder finds were refused.
+    let refused = status
+        .lines()
+        .find_map(|l| l.strip_prefix("learning refused (failed to import): "))
+        .unwrap();
+    assert_eq!(refused.split(',').count(), 33, "{status}");
+    for absent in ["../x", "a b", "os;rm", "zzz", "m32", "json"] {
+        let counts = status
+            .lines()
+            .find(|l| l.starts_with("learning on"))
+            .unwrap();
+        assert!(!counts.contains(absent), "{absent}: {status}");
+    }
+    // The pool still serves.
+    let o = pool
+        .client(&["-c", "print(7)"])
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "7\n");
 }
