@@ -4,7 +4,7 @@
 //! * [`store`] — the async [`Store`] trait with S3, local-directory and in-memory backends.
 //! * [`index`] — the bucket index: top-level names → packages, sha256/size of every file.
 //! * [`frame_index`] — the `zstd-frames` layout: a frame per file behind an index of offsets.
-//! * [`publish`] — build package archives from wheels or directories and upload them, index last.
+//! * [`mod@publish`] — build package archives from wheels or directories and upload them, index last.
 //! * [`cache`] — [`RealmCache`]: per-realm lib dirs over a shared content-addressed store.
 //! * `objects` (feature `spproxy`) — spproxy's object store over the [`Store`] backends, for an
 //!   embedded realm server's `name/s3/~local`.

@@ -256,7 +256,7 @@ fn wheels_in(dir: &Path) -> Result<Vec<Distribution>> {
     paths.iter().map(|p| read_wheel(p)).collect()
 }
 
-/// Compile every module in the directory given as argv[1]; print the interpreter's cache tag.
+/// Compile every module in the directory given as `argv[1]`; print the interpreter's cache tag.
 /// Compiled with a fixed `ddir`: the path each code object records is then the same whatever
 /// temporary directory it was compiled in, so publishing a package twice makes the same
 /// archive (the interpreter sets the real path when it loads the bytecode).
@@ -336,8 +336,8 @@ fn add_bytecode(dist: &mut Distribution, python: &Path) -> Result<Option<String>
     Ok(Some(tag))
 }
 
-/// The import trace's script: argv[1] is the directory of every distribution being
-/// published, argv[2:] the modules to import. Prints, in first-touch order, every file under
+/// The import trace's script: `argv[1]` is the directory of every distribution being
+/// published, `argv[2:]` the modules to import. Prints, in first-touch order, every file under
 /// the directory that the imports opened (audit `open` events: sources, bytecode, data) or
 /// that the loader mapped (extension modules and the libraries they need: `/proc/self/maps`
 /// is read at each open, so a mapped file comes just before the first file opened after it

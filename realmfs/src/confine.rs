@@ -1,5 +1,5 @@
 //! Confinement of the helper processes that outlive runs and handle hostile input outside any
-//! jail, as the supervisor's user: the realm's FUSE server ([`crate::fusefs`]: everything it is
+//! jail, as the supervisor's user: the realm's FUSE server ([`crate::fuse`]: everything it is
 //! asked comes from procs) and fill processes ([`crate::fill`]: what they unpack comes from the
 //! bucket). Once a helper has what it needs from the rest of the system (the server its mount
 //! and its unmounter), it gives up what it never needs again, for itself and every thread it

@@ -52,7 +52,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// argv[0] of a fill process ([`main`]).
+/// `argv[0]` of a fill process ([`main`]).
 pub const FILL_ARG0: &str = "sigma-supervise-fill";
 
 /// This binary again under `arg0`, for work that outlives the run (a fill process, the maker
@@ -415,8 +415,8 @@ pub fn main() -> ! {
     std::process::exit(code)
 }
 
-/// [`crate::confine::confine`]: writes only under the cache root (argv[1]) and its memory tree
-/// (argv[7], if any), reads what a fetch reads and a `file://` bucket (argv[3]). Bad arguments
+/// [`crate::confine::confine`]: writes only under the cache root (`argv[1]`) and its memory tree
+/// (`argv[7]`, if any), reads what a fetch reads and a `file://` bucket (`argv[3]`). Bad arguments
 /// are left to [`fill`] to report.
 fn confine() -> anyhow::Result<()> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();

@@ -1,6 +1,6 @@
 //! How a realm's libraries are shown to a proc.
 //!
-//! The supervisor calls [`show`] before it forks (`show.rs`: the plan is made from its options
+//! The supervisor calls [`show()`] before it forks (`show.rs`: the plan is made from its options
 //! and the way the realm can be shown is picked), adds the mounts or the served path to the
 //! proc's jail, and after the fork turns the showing into a [`Resolver`] (the `--stats` line,
 //! and for the notification path the answers). One of four ways, the first that applies:
@@ -23,11 +23,14 @@
 //!                               `sigma-supervise-fill`, finishing a package after the run
 //! ```
 //!
-//! Work that outlives a run runs in this binary again under a name of its own (argv[0]): the
+//! Work that outlives a run runs in this binary again under a name of its own (`argv[0]`): the
 //! supervisor's `main` dispatches those names to [`helper_main`] before it parses anything.
 //! Nothing here knows the supervisor: what it needs from above (which helpers are the
 //! supervisor's) is a parameter ([`RealmPlan::on_helper`]).
 #![deny(unsafe_code)]
+// Its docs name private constants and helpers where they say how long or by whom: pages of
+// `cargo doc --document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod confine;
 pub mod fill;
@@ -45,7 +48,7 @@ pub use realm::{RealmOpts, RealmPlan};
 pub use serve::{LocalDirs, Lookup, Resolver, Served};
 pub use show::{show, Showing};
 
-/// If this process was started as one of the realm's helper processes (by its argv[0]: a fill
+/// If this process was started as one of the realm's helper processes (by its `argv[0]`: a fill
 /// process, the lazy image's maker or holder, the FUSE server or its unmounter), run it; it
 /// never returns. Otherwise return at once. Call first thing in `main`.
 pub fn helper_main() {

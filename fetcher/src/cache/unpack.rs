@@ -80,7 +80,7 @@ pub(super) fn unpack_tree(
 }
 
 /// What an install tells as it goes: each verified file, and that the files of the import
-/// trace are all verified (see [`Placement::past_trace`]).
+/// trace are all verified (see [`Placement::past_trace`](crate::Placement::past_trace)).
 #[derive(Clone, Copy)]
 pub(super) struct Hooks<'h> {
     pub(super) on_verified: Option<&'h FileHook>,
@@ -89,7 +89,7 @@ pub(super) struct Hooks<'h> {
 
 /// [`unpack_tree`] into an existing `tree`, without the CAS step ([`link_into_cas`], which
 /// the caller takes once it may); `in_place`: the tree is a placed skeleton
-/// ([`place_skeleton`]) whose empty files are filled (and made read-only) instead of created.
+/// (`place_skeleton`) whose empty files are filled (and made read-only) instead of created.
 pub(super) fn unpack_files(
     pkg: &Package,
     archive: impl Read + Send,

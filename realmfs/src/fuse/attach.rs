@@ -19,7 +19,7 @@ pub struct FuseMount {
     pub server: u32,
     /// Whether this run started the server.
     pub started: bool,
-    /// The server's counters ([`Content::record`]).
+    /// The server's counters (`Content::record`).
     pub stats: PathBuf,
     /// The snapshot's packages and their archives (package → sha256), as the server wrote
     /// them.

@@ -28,7 +28,7 @@
 //! `flush` answered ENOSYS: the kernel stops asking and keeps its cache), directory listings
 //! (`opendir` likewise). So a file is read through the server once per mount, and the mount
 //! outlives runs: one server process per realm snapshot ([`FUSE_ARG0`], [`main`]), started by
-//! the first run that needs it ([`attach`]) and gone, its mount with it, after [`IDLE`] without
+//! the first run that needs it ([`attach()`]) and gone, its mount with it, after `server::IDLE` without
 //! requests and without a run of the realm (`fuse/users`, held shared by every run that shows
 //! the mount). A reader of a server that died gets ENOTCONN, never zeros; its mount is removed
 //! by its unmounter ([`unmounter_main`], started beside it once it has mounted), however the
@@ -57,7 +57,7 @@ pub use paths::{FUSE_ARG0, UNMOUNT_ARG0};
 pub use server::{main, unmounter_main};
 
 /// Why this user cannot mount a realm's FUSE server, if it cannot: no `fusermount3`, or a
-/// `/dev/fuse` it may not open (fusermount3 opens it as the user). [`attach`] asks first;
+/// `/dev/fuse` it may not open (fusermount3 opens it as the user). [`attach()`] asks first;
 /// doctor says the same.
 pub fn unavailable() -> Option<String> {
     if paths::fusermount().is_none() {

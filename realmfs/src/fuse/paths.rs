@@ -6,10 +6,10 @@ use crate::snapshot::lock_file;
 use nix::fcntl::FlockArg;
 use std::path::{Path, PathBuf};
 
-/// argv[0] of a realm's FUSE server ([`main`], started by [`attach`]).
+/// `argv[0]` of a realm's FUSE server ([`main`](super::main), started by [`attach`](super::attach())).
 pub const FUSE_ARG0: &str = "sigma-supervise-fuse";
 
-/// argv[0] of a server's unmounter ([`unmounter_main`]).
+/// `argv[0]` of a server's unmounter ([`unmounter_main`](super::unmounter_main)).
 pub const UNMOUNT_ARG0: &str = "sigma-supervise-unmount";
 
 /// Where fuse3's setuid helper is installed.
@@ -26,7 +26,7 @@ pub(super) fn mount_dir(base: &Path, key: &str, pid: u32) -> PathBuf {
     base.join(format!("{key}-{pid}"))
 }
 
-/// The counters of the server of snapshot `key` ([`Content::record`]).
+/// The counters of the server of snapshot `key` (`Content::record`).
 pub(super) fn stats_file(base: &Path, key: &str) -> PathBuf {
     base.join(format!("{key}.stats"))
 }

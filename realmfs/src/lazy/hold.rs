@@ -4,7 +4,7 @@
 
 use nix::sys::fanotify::Fanotify;
 
-/// argv[0] of the process that holds a run's fanotify group until the run has exited
+/// `argv[0]` of the process that holds a run's fanotify group until the run has exited
 /// ([`hold`], started by [`spawn_holder`]).
 pub const HOLDER_ARG0: &str = "sigma-supervise-hold";
 

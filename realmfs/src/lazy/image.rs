@@ -27,7 +27,7 @@ pub(super) struct Placeholder {
 pub struct LazyImage {
     /// Where the image is mounted on the host (the jail binds it read-only at the prefix).
     pub mnt: PathBuf,
-    /// `BOOT_ID INODE` per completed file (see [`FillServer::start`]).
+    /// `BOOT_ID INODE` per completed file (see `FillServer::start`).
     pub(super) filled_log: PathBuf,
     /// Inode number → placeholder, or where that map is kept (read by the fill server's
     /// thread, off the target's start).
@@ -36,10 +36,10 @@ pub struct LazyImage {
     /// root ([`mark`]).
     pub(super) group: (Fanotify, std::fs::File),
     /// Package → the archive its placeholders stand for (installed packages of that archive
-    /// are shown from the lib dir instead: [`entries_from_lib`]).
+    /// are shown from the lib dir instead: [`entries_from_lib`](crate::snapshot::entries_from_lib)).
     pub(crate) packages: HashMap<String, String>,
     /// Top-level entries shown from the realm's lib dir over the image
-    /// ([`entries_from_lib`]).
+    /// ([`entries_from_lib`](crate::snapshot::entries_from_lib)).
     pub lib_entries: Vec<String>,
     /// The realm's `lazy-users`, locked shared for as long as this process serves the image.
     pub(super) users: Flock<std::fs::File>,

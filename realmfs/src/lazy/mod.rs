@@ -12,7 +12,7 @@
 //! image's root, in the kernel), allows the access and adds an ignore mark, after which that file
 //! is ordinary page cache. Packages the realm has installed from the image's archives are shown
 //! from its lib dir over their placeholders (a bind per top-level entry,
-//! [`entries_from_lib`]): nothing installed is copied into the image. A realm once
+//! [`entries_from_lib`](crate::snapshot::entries_from_lib)): nothing installed is copied into the image. A realm once
 //! complete is mounted from its lib dir and its images are detached and removed ([`retire`]).
 //! A default run that finds no image made has it made by a process of its own, off its path,
 //! for the next run ([`prepare_in_background`]), and is served meanwhile by the realm's FUSE
@@ -27,7 +27,7 @@
 //! file take turns (a lock on the placeholder), and the second finds it complete. Fills write
 //! through the host mount, which no group watches. The end of a group (its marks destroyed: an
 //! SRCU grace period, 5-15 ms) is left to a holder process that exits after the run, so no run
-//! waits for it ([`hold`]).
+//! waits for it ([`hold()`]).
 //! Needs `CAP_SYS_ADMIN` in the initial namespace (mount, fanotify); without it the
 //! notification path serves the realm.
 #![forbid(unsafe_code)]

@@ -7,7 +7,7 @@ use crate::snapshot::{lock_file, remember, snapshot_index, LazyError};
 use nix::fcntl::FlockArg;
 use std::path::Path;
 
-/// argv[0] of the process that makes a realm's image off the run's path ([`prepare_main`],
+/// `argv[0]` of the process that makes a realm's image off the run's path ([`prepare_main`],
 /// started by [`prepare_in_background`]).
 pub const PREP_ARG0: &str = "sigma-supervise-lazy-prepare";
 

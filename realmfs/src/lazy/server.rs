@@ -72,7 +72,7 @@ impl FillServer {
     /// completed files, the workers) is set up by the event thread while the program loads.
     ///
     /// `jail_init`: a pidfd of the jail's init: leave the group's end to a holder process
-    /// ([`spawn_holder`], [`hold`]) that lets go once the supervisor and that init are gone.
+    /// (`spawn_holder`, [`hold`](super::hold::hold)) that lets go once the supervisor and that init are gone.
     /// Only for a jailed run (it waits for its init alone; without a jail the supervisor reaps
     /// every process it has, and would wait for the holder).
     pub fn start(

@@ -25,7 +25,7 @@ pub(super) const IMAGE_UNAVAILABLE: &str = "lazy-unavailable";
 pub(super) const FUSE_UNAVAILABLE: &str = "fuse-unavailable";
 
 impl RealmPlan {
-    /// The lazy backend ([`RealmOpts::lazy`]): the realm's image (materialised from its index
+    /// The lazy backend (`RealmOpts::lazy`): the realm's image (materialised from its index
     /// snapshot, mounted, its pre-content group marked), to be bind-mounted read-only at the
     /// prefix and served by [`start_lazy`](Self::start_lazy). `None` (serve through
     /// notifications): `--lazy=never`, no snapshot from an earlier run, no image made yet (with

@@ -1,7 +1,7 @@
 //! A realm's libraries, served to the target at `--lib-prefix` (default `/sigma/lib`).
 //!
 //! The path of one call under the prefix: handler → policy rule (serve, prefix = the realm's lib
-//! dir) → [`RealmResolver::lookup`] on the receive loop (never blocks) →
+//! dir) → `RealmResolver::lookup` on the receive loop (never blocks) →
 //! * the prefix itself: the *superlib*, a host directory of empty placeholders, one per top-level
 //!   entry of the bucket index (packages, modules, `*.dist-info`, `*.libs`). Listing or stat'ing
 //!   the prefix shows everything the realm could import and fetches nothing.

@@ -17,7 +17,7 @@ use std::time::Duration;
 /// The realm's host paths, known before the target starts (no network, no threads).
 pub struct RealmPlan {
     pub opts: RealmOpts,
-    /// Names fetched in parallel as soon as the realm starts (see [`imports_of`]).
+    /// Names fetched in parallel as soon as the realm starts (see [`imports_of`](super::python::imports_of)).
     pub prefetch: Vec<String>,
     /// Interpreter that byte-compiles a package after this run installs it (the target's own
     /// python, so the `.pyc` files match it); `None`: no compile.
