@@ -42,6 +42,25 @@ struct Shared {
     cwd_seen: bool,
     /// The proc's process tree (signals without a jail are confined to it).
     tree: Tree,
+    /// Notifications being handled: an answer may let the proc end before its call is counted
+    /// and traced, so the run's end waits for this to drop to 0 before it reports.
+    in_flight: std::sync::atomic::AtomicUsize,
+}
+
+/// Holds one notification in [`Shared::in_flight`] until dropped.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(n: &'a std::sync::atomic::AtomicUsize) -> Self {
+        n.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 impl Shared {
@@ -59,6 +78,7 @@ struct LoopState {
 }
 
 fn handle(sh: &Arc<Shared>, st: &mut LoopState, n: &Notification) {
+    let _counted = InFlight::enter(&sh.in_flight);
     let t0 = sh.cx.timing.then(Instant::now);
     st.info.reset();
     st.info.task_seen(n.pid);
@@ -385,6 +405,7 @@ pub fn supervise(
             root: child.pid,
             supervisor: std::process::id() as i32,
         },
+        in_flight: std::sync::atomic::AtomicUsize::new(0),
     });
     let starter = NotifyThread {
         sh: Arc::clone(&sh),
@@ -448,6 +469,14 @@ pub fn supervise(
                 .revents()
                 .is_some_and(|r| r.contains(nix::poll::PollFlags::POLLHUP)) => {}
         _ => tracing::warn!("the seccomp listener did not hang up after the last child exited"),
+    }
+    // The last answers may have let the proc end before their calls were counted and traced
+    // (with SYNC_WAKE_UP the answered task runs at once, on the answering thread's CPU).
+    let settle = Instant::now();
+    while sh.in_flight.load(std::sync::atomic::Ordering::Acquire) > 0
+        && settle.elapsed() < Duration::from_secs(1)
+    {
+        std::thread::sleep(Duration::from_micros(200));
     }
     if let Some(tr) = &sh.trace {
         tr.flush();
