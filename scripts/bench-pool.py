@@ -87,6 +87,22 @@ def start_pool(cmd: list[str], env: dict) -> subprocess.Popen:
     return pool
 
 
+def side_by_side(cmd: list[str], variants: dict, rounds: int, base: str, base_label: str) -> None:
+    """Rounds of every variant in rotating order; the medians, ÷ bare and ÷ the `base` variant."""
+    times = {k: [] for k in variants}
+    names = list(variants)
+    for i in range(rounds):
+        for k in names[i % len(names):] + names[: i % len(names)]:
+            c, e = variants[k]
+            times[k].append(timed(c, e))
+    med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    print(f"\n{' '.join(cmd)}  ({rounds} rounds, medians)")
+    width = len(base_label) + 1
+    print(f"{'variant':34} {'ms':>8} {'÷ bare':>8} {base_label:>{width}}")
+    for k in variants:
+        print(f"{k:34} {med[k]:8.2f} {med[k] / med['bare']:8.2f} {med[k] / med[base]:{width}.2f}")
+
+
 def learning_costs(sup: str, py: str, off: dict, on: dict, rounds: int) -> None:
     imports = "import json, decimal, fractions, statistics, csv, email.message"
     for cmd in ([py, "-c", "pass"], [py, "-c", imports]):
@@ -95,22 +111,11 @@ def learning_costs(sup: str, py: str, off: dict, on: dict, rounds: int) -> None:
             "warm, --learn-preloads=off": ([sup, "--no-jail", "--warm"] + cmd, off),
             "warm, learning": ([sup, "--no-jail", "--warm"] + cmd, on),
         }
-        times = {k: [] for k in variants}
         for c, e in variants.values():  # warm-up (the learning pool learns `imports` here)
             for _ in range(4):
                 timed(c, e)
         time.sleep(2)
-        names = list(variants)
-        for i in range(rounds):
-            for k in names[i % len(names):] + names[: i % len(names)]:
-                c, e = variants[k]
-                times[k].append(timed(c, e))
-        med = {k: statistics.median(v) * 1000 for k, v in times.items()}
-        print(f"\n{' '.join(cmd)}  ({rounds} rounds, medians)")
-        print(f"{'variant':34} {'ms':>8} {'÷ bare':>8} {'÷ learning off':>15}")
-        base = med["warm, --learn-preloads=off"]
-        for k in variants:
-            print(f"{k:34} {med[k]:8.2f} {med[k] / med['bare']:8.2f} {med[k] / base:15.2f}")
+        side_by_side(cmd, variants, rounds, "warm, --learn-preloads=off", "÷ learning off")
     print()
     subprocess.run([sup, "pool", "--status"], env=on)
 
@@ -175,20 +180,9 @@ def main() -> None:
                 "sigma-supervise --no-jail --warm": ([sup, "--no-jail", "--warm"] + cmd, env),
                 "sigma-supervise (jailed, cold)": ([sup] + binds + cmd, no_pool),
             }
-            times = {k: [] for k in variants}
             for c, e in variants.values():  # warm-up
                 timed(c, e)
-            names = list(variants)
-            for i in range(args.n):
-                for k in names[i % len(names):] + names[: i % len(names)]:
-                    c, e = variants[k]
-                    times[k].append(timed(c, e))
-            med = {k: statistics.median(v) * 1000 for k, v in times.items()}
-            print(f"\n{' '.join(cmd)}  ({args.n} rounds, medians)")
-            print(f"{'variant':34} {'ms':>8} {'÷ bare':>8} {'÷ cold --no-jail':>17}")
-            cold = med["sigma-supervise --no-jail (cold)"]
-            for k in variants:
-                print(f"{k:34} {med[k]:8.2f} {med[k] / med['bare']:8.2f} {med[k] / cold:17.2f}")
+            side_by_side(cmd, variants, args.n, "sigma-supervise --no-jail (cold)", "÷ cold --no-jail")
     finally:
         subprocess.run([sup, "pool", "--stop"], env=env, stderr=subprocess.DEVNULL)
         pool.wait(timeout=10)

@@ -186,19 +186,8 @@ impl Pool {
         Pool { dir, child }
     }
 
-    /// `pool --status`, all of it.
+    /// `pool --status`, all of it (it must succeed).
     fn status_text(&self) -> String {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .arg("--status")
-            .env(ROLE, "pool")
-            .env("SIGMA_POOL_DIR", self.dir.path())
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// `pool --status`: one line per zygote.
-    fn status(&self) -> Vec<String> {
         let out = Command::new(std::env::current_exe().unwrap())
             .arg("--status")
             .env(ROLE, "pool")
@@ -210,7 +199,12 @@ impl Pool {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout)
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `pool --status`: one line per zygote.
+    fn status(&self) -> Vec<String> {
+        self.status_text()
             .lines()
             .filter(|l| l.starts_with("zygote pid "))
             .map(str::to_owned)
