@@ -489,17 +489,8 @@ fn the_everyday_corpus_runs_warm_as_bare() {
     // bare and cold runs do (see `corpus::As::command`), so getsid/getpgrp read alike wherever
     // the test runs (a session led from outside the test's pid namespace reads as 0).
     let pool = Pool::start_with(&["--python", python.to_str().unwrap()], |c| {
-        use std::os::unix::process::CommandExt as _;
         c.env_remove("PYTHONPATH").env_remove("RUST_LOG");
-        // SAFETY: between fork and exec the hook makes one system call and allocates nothing,
-        // as pre_exec requires.
-        unsafe {
-            c.pre_exec(|| {
-                nix::unistd::setsid()
-                    .map(drop)
-                    .map_err(std::io::Error::from)
-            });
-        }
+        corpus::own_session(c);
     });
     let dir = pool.dir.path().as_os_str();
     let env = [("SIGMA_POOL_DIR", dir)];

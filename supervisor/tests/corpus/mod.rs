@@ -159,18 +159,24 @@ impl As {
             .env_remove("RUST_LOG")
             .env_remove("PYTHONPATH");
         // Bare and supervised alike lead a session of their own, as a program started with its
-        // output captured and no terminal does: otherwise what bare sees depends on where the
-        // test runs (a session led from outside the test's pid namespace reads as 0).
-        // SAFETY: between fork and exec the hook makes one system call and allocates nothing,
-        // as pre_exec requires.
-        unsafe {
-            c.pre_exec(|| {
-                nix::unistd::setsid()
-                    .map(drop)
-                    .map_err(std::io::Error::from)
-            });
-        }
+        // output captured and no terminal does.
+        own_session(&mut c);
         c
+    }
+}
+
+/// `c` starts as the leader of a session of its own: otherwise what it sees of its session
+/// depends on where the test runs (a session led from outside the test's pid namespace reads
+/// as 0).
+pub fn own_session(c: &mut Command) {
+    // SAFETY: between fork and exec the hook makes one system call and allocates nothing, as
+    // pre_exec requires.
+    unsafe {
+        c.pre_exec(|| {
+            nix::unistd::setsid()
+                .map(drop)
+                .map_err(std::io::Error::from)
+        });
     }
 }
 
