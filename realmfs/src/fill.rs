@@ -107,6 +107,7 @@ impl fetcher::Delegate for FillProcs {
             .as_ref()
             .and_then(|m| m.tree_for(pkg, &self.prefix));
         let mem_dir = memory.as_ref().map(|m| m.dir.clone());
+        jail::mark("fill:spawn");
         let forget = || {
             if let Some(dir) = &mem_dir {
                 let _ = std::fs::remove_dir_all(dir);

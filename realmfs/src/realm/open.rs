@@ -110,6 +110,7 @@ impl RealmPlan {
             .enable_all()
             .build()
             .context("starting the fetch runtime")?;
+        jail::mark("fetch:runtime");
         // Connected on first use: a realm served from its snapshot and cache never needs it.
         let store: Arc<dyn fetcher::Store> = Arc::new(
             LazyStore::new(&self.bucket, &StoreOptions::default(), &cfg)
@@ -118,6 +119,7 @@ impl RealmPlan {
         let cache = RealmCache::open(&self.root, &self.opts.realm, store, cfg)
             .with_context(|| format!("realm {}", self.opts.realm))?;
         let cache = Arc::new(cache);
+        jail::mark("fetch:cache");
         let fill_procs = |memory: Option<MemoryRoot>, started: StartedFn| {
             Arc::new(crate::fill::FillProcs {
                 root: self.root.clone(),
@@ -175,6 +177,7 @@ impl RealmPlan {
             }
             None => None,
         };
+        jail::mark("fetch:index");
         let usable = index.is_some() || !load_index;
         if usable && !self.opts.no_prefetch {
             // Fetch what the command names while the interpreter starts; the target's own
