@@ -630,6 +630,47 @@ fn minio_bucket() -> (common::Minio, String) {
     (m, "s3://libs".to_string())
 }
 
+/// Credentials from the standard chain (here a profile file, no key in the environment) with a
+/// plain-HTTP endpoint: S3 gets a client of its own without certificate authorities, the
+/// credential providers the loader's (with them, for an STS or SSO over HTTPS).
+#[test]
+fn minio_credentials_from_a_profile_file_reach_a_plain_http_endpoint() {
+    let (m, bucket) = minio_bucket();
+    let tmp = tempfile::tempdir().unwrap();
+    let pkg = common::make_pkg(&tmp.path().join("src"), "profpkg", 10_000);
+    publish(&bucket, &m.aws_env(), &[&pkg]);
+    let creds = tmp.path().join("credentials");
+    std::fs::write(
+        &creds,
+        format!(
+            "[default]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
+            common::USER,
+            common::PASS
+        ),
+    )
+    .unwrap();
+    let env: Vec<(&'static str, String)> = m
+        .aws_env()
+        .into_iter()
+        .filter(|(k, _)| !["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"].contains(k))
+        .chain([
+            ("AWS_SHARED_CREDENTIALS_FILE", creds.display().to_string()),
+            ("AWS_CONFIG_FILE", "/dev/null".into()),
+        ])
+        .collect();
+    let cache = tmp.path().join("cache");
+    let r = Realm {
+        name: "r",
+        bucket: &bucket,
+        cache: &cache,
+        env,
+    };
+    let o = r.py("import profpkg; print(profpkg.NAME)");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "profpkg\n");
+    assert_eq!(fetched(&o), 1);
+}
+
 #[test]
 fn minio_numpy_cold_warm_offline_and_down() {
     let (mut m, bucket) = minio_bucket();

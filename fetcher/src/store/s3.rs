@@ -57,11 +57,14 @@ impl S3Store {
                 .iter()
                 .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
         });
-        // The SDK has no client of its own (no default HTTPS client is built in): this one
-        // serves S3 and the credential providers (STS, IMDS, ECS) alike.
-        loader = loader.http_client(http_client(
-            endpoint.is_some_and(|e| e.starts_with("http://")),
-        )?);
+        // The SDK has no client of its own (no default HTTPS client is built in): the
+        // loader's serves S3 and the credential providers (STS, SSO, IMDS, ECS) alike. A
+        // plain-HTTP S3 endpoint needs no certificate authorities, but credentials from the
+        // standard chain (a role to assume, an SSO session) may still come over HTTPS from
+        // AWS: then the providers get the system's CAs and S3 alone the client without.
+        let plain = endpoint.is_some_and(|e| e.starts_with("http://"));
+        let chain = opts.credentials.is_none() && !env_credentials();
+        loader = loader.http_client(http_client(plain && !chain)?);
         if let Some(r) = &opts.region {
             loader = loader.region(Region::new(r.clone()));
         }
@@ -76,6 +79,9 @@ impl S3Store {
         }
         let sdk = loader.load().await;
         let mut b = aws_sdk_s3::config::Builder::from(&sdk);
+        if plain && chain {
+            b = b.http_client(http_client(true)?);
+        }
         if sdk.region().is_none() {
             b = b.region(Region::new("us-east-1"));
         }
