@@ -14,12 +14,7 @@ mod common;
 
 mod interp;
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use interp::{stderr, stdout};
 
 /// Two published packages (the realm stays incomplete: its runs take the lazy backend), the
 /// binary where nobody can run it, a cache root and a work dir per user. Stops the realms'

@@ -25,12 +25,7 @@ fn run(c: &mut Command) -> Output {
     out
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use interp::{stderr, stdout};
 
 fn py(code: &str) -> Output {
     run(sup().args(["python3", "-c", code]))

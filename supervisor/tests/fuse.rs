@@ -15,12 +15,7 @@ mod interp;
 
 const NOBODY: u32 = 65534;
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use interp::{stderr, stdout};
 
 /// Two published packages (demo_z with a 3 MB blob, demo_y never touched: the realm stays
 /// incomplete), a cache root and a work dir of nobody's, and the binary where nobody can run

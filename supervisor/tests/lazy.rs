@@ -13,12 +13,7 @@ mod common;
 
 mod interp;
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use interp::{stderr, stdout};
 
 /// A published package in a `file://` bucket and a cache root; unmounts the realm images the
 /// tests created when dropped (images stay mounted for reuse otherwise).

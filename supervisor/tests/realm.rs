@@ -37,12 +37,7 @@ fn show(out: &Output) {
     );
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use interp::{stderr, stdout};
 
 /// A realm run: `sigma-supervise --stats --realm R --bucket B --cache-dir C python3 -c CODE`.
 struct Realm<'a> {

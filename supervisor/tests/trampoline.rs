@@ -102,13 +102,7 @@ fn run(c: &mut Command) -> Output {
     out
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use interp::{stderr, stdout};
 
 /// A malformed input: exit status 125 and exactly one line on stderr containing `want`.
 fn one_line_error(o: &Output, want: &str) {

@@ -1,6 +1,7 @@
-//! The interpreter the end-to-end tests run under the supervisor, and the supervisor command.
+//! The interpreter the end-to-end tests run under the supervisor, the supervisor command, and
+//! what a run printed, as text.
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -136,4 +137,16 @@ pub fn home_in(dir: &Path) -> PathBuf {
     let m = std::fs::metadata(dir).unwrap();
     std::os::unix::fs::chown(&home, Some(m.uid()), Some(m.gid())).unwrap();
     home
+}
+
+/// A run's standard output, as text.
+#[allow(dead_code)]
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A run's standard error, as text.
+#[allow(dead_code)]
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
 }
