@@ -13,7 +13,6 @@ extern crate fetcher as sigma_fetcher;
 mod common;
 
 mod interp;
-
 use interp::{stderr, stdout};
 
 /// Two published packages (the realm stays incomplete: its runs take the lazy backend), the

@@ -9,23 +9,11 @@ const HOSTILE: &str = env!("CARGO_BIN_EXE_sigma-hostile-probe");
 const TOCTOU: &str = env!("CARGO_BIN_EXE_sigma-toctou-probe");
 
 mod interp;
+use interp::{run, stderr, stdout};
 
 fn sup() -> Command {
     interp::supervisor()
 }
-
-fn run(c: &mut Command) -> Output {
-    let out = c.output().expect("run sigma-supervise");
-    eprintln!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-use interp::{stderr, stdout};
 
 fn py(code: &str) -> Output {
     run(sup().args(["python3", "-c", code]))

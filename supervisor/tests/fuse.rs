@@ -12,10 +12,9 @@ extern crate fetcher as sigma_fetcher;
 mod common;
 
 mod interp;
+use interp::{stderr, stdout};
 
 const NOBODY: u32 = 65534;
-
-use interp::{stderr, stdout};
 
 /// Two published packages (demo_z with a 3 MB blob, demo_y never touched: the realm stays
 /// incomplete), a cache root and a work dir of nobody's, and the binary where nobody can run

@@ -12,7 +12,6 @@ extern crate fetcher as sigma_fetcher;
 mod common;
 
 mod interp;
-
 use interp::{stderr, stdout};
 
 /// A published package in a `file://` bucket and a cache root; unmounts the realm images the

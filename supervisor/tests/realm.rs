@@ -16,6 +16,7 @@ mod common;
 const PREFIX: &str = "/sigma/lib";
 
 mod interp;
+use interp::{show, stderr, stdout};
 
 /// `sigma-supervise` with the real interpreter first on PATH and no inherited PYTHONPATH.
 fn sup() -> Command {
@@ -27,17 +28,6 @@ fn sup() -> Command {
         .env("SIGMA_SUPERVISE_LAZY", "never");
     c
 }
-
-fn show(out: &Output) {
-    eprintln!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-use interp::{stderr, stdout};
 
 /// A realm run: `sigma-supervise --stats --realm R --bucket B --cache-dir C python3 -c CODE`.
 struct Realm<'a> {

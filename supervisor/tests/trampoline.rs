@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 #[allow(dead_code)]
 mod interp;
+use interp::{run, stderr, stdout};
 
 const CONFIG: &str = r#"{"pidStr":"p-1","program":"x","realmStr":"rootrealm"}"#;
 const PRINCIPAL: &str = r#"{"ID":"p-1","RealmStr":"rootrealm"}"#;
@@ -90,19 +91,6 @@ impl Tramp {
         srv
     }
 }
-
-fn run(c: &mut Command) -> Output {
-    let out = c.output().expect("run uproc-trampoline");
-    eprintln!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-use interp::{stderr, stdout};
 
 /// A malformed input: exit status 125 and exactly one line on stderr containing `want`.
 fn one_line_error(o: &Output, want: &str) {

@@ -150,3 +150,22 @@ pub fn stdout(o: &Output) -> String {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// Print a run's status and output (the test's own output, shown when it fails).
+#[allow(dead_code)]
+pub fn show(out: &Output) {
+    eprintln!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        stdout(out),
+        stderr(out)
+    );
+}
+
+/// Run `c` to its end, [`show`] what it did, and return that.
+#[allow(dead_code)]
+pub fn run(c: &mut Command) -> Output {
+    let out = c.output().expect("run the command");
+    show(&out);
+    out
+}
