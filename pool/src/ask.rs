@@ -64,6 +64,13 @@ fn start(run: Run<'_>, required: bool) -> Result<Result<Started, (String, bool)>
     if !python {
         return cold("not a Python interpreter");
     }
+    // Said first, as --warm says it: without a pool, what else keeps a run cold is moot.
+    if !crate::socket_path().exists() {
+        return match required {
+            true => Err(PoolError::NoPool),
+            false => cold("no pool is running"),
+        };
+    }
     if let Some(i) = run.unlike.iter().position(|&u| u) {
         return cold(UNLIKE[i]);
     }

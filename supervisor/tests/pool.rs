@@ -138,6 +138,45 @@ fn scripts(dir: &Path) -> Vec<(&'static str, PathBuf)> {
         .collect()
 }
 
+/// A jailed run says why it starts cold: no pool, else the jail a zygote does not build yet.
+#[test]
+fn a_jailed_run_says_why_it_starts_cold() {
+    let work = tempfile::tempdir().unwrap();
+    let nowhere = tempfile::tempdir().unwrap();
+    let jailed = |pool_dir: &Path| {
+        Command::new(BIN)
+            .args(["--stats", "python3", "-c", "print('ran')"])
+            .env("SIGMA_POOL_DIR", pool_dir)
+            .current_dir(work.path())
+            .output()
+            .unwrap()
+    };
+    let o = jailed(nowhere.path());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "ran\n",
+        "{}",
+        start_of(&o)
+    );
+    assert_eq!(
+        start_of(&o),
+        "sigma-supervise: cold start: no pool is running"
+    );
+    let pool = Pool::start(&[]);
+    let o = jailed(pool.dir.path());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "ran\n",
+        "{}",
+        start_of(&o)
+    );
+    assert!(
+        start_of(&o).contains("cold start: the pool makes no σcontainer yet"),
+        "{}",
+        start_of(&o)
+    );
+}
+
 #[test]
 fn warm_and_cold_runs_agree() {
     let pool = Pool::start(&["json"]);
