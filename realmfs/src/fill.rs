@@ -510,21 +510,24 @@ fn fill(report: &Arc<Report>) -> Result<(), FetchError> {
     let _ = nix::unistd::dup2_stdin(
         std::fs::File::open("/dev/null").map_err(|e| FetchError::io("open", "/dev/null", e))?,
     );
-    let ended = after_the_run(Some(tree_after()));
-    if let Some(mem) = memory.as_ref().filter(|_| ended) {
+    let emptied = |mem: &std::path::Path| {
         crate::memory::empty_tree(mem);
         jail::mark("fill:memory-emptied");
+    };
+    // A run that has ended frees its memory tree before the shared tree is built; one still
+    // going may hold a directory there and open files relative to it: the tree stays until
+    // the run ends (this process sleeps until then).
+    let ended = after_the_run(Some(tree_after()));
+    if let Some(mem) = memory.as_deref().filter(|_| ended) {
+        emptied(mem);
     }
     if let Err(e) = cache.share_tree(&pkg) {
         tracing::debug!(error = %e, package = %pkg.name, "no shared tree");
     }
     jail::mark("fill:tree");
-    // A run still going may hold a directory in the memory tree and open files relative to
-    // it: the tree stays until the run ends (this process sleeps until then).
-    if let Some(mem) = memory.as_ref().filter(|_| !ended) {
+    if let Some(mem) = memory.as_deref().filter(|_| !ended) {
         after_the_run(None);
-        crate::memory::empty_tree(mem);
-        jail::mark("fill:memory-emptied");
+        emptied(mem);
     }
     Ok(())
 }
