@@ -65,11 +65,12 @@ fn start(run: Run<'_>, required: bool) -> Result<Result<Started, (String, bool)>
         return cold("not a Python interpreter");
     }
     // Said first, as --warm says it: without a pool, what else keeps a run cold is moot.
+    let no_pool = || match required {
+        true => Err(PoolError::NoPool),
+        false => cold("no pool is running"),
+    };
     if !crate::socket_path().exists() {
-        return match required {
-            true => Err(PoolError::NoPool),
-            false => cold("no pool is running"),
-        };
+        return no_pool();
     }
     if let Some(i) = run.unlike.iter().position(|&u| u) {
         return cold(UNLIKE[i]);
@@ -96,8 +97,7 @@ fn start(run: Run<'_>, required: bool) -> Result<Result<Started, (String, bool)>
             let failed = why.contains("gone") || why.contains("ended");
             Err((why, failed))
         }
-        Err(PoolError::NoPool) if !required => Err(("no pool is running".into(), false)),
-        Err(PoolError::NoPool) => return Err(PoolError::NoPool),
+        Err(PoolError::NoPool) => return no_pool(),
         Err(e) => Err((format!("the pool failed: {e}"), true)),
     })
 }
