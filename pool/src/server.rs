@@ -369,8 +369,7 @@ impl Pool {
             let why = format!("the zygote {} is gone (restarted)", z.describe());
             cold(why)?;
             let (python, preloads, learned) = (z.python.clone(), z.preloads.clone(), z.learned);
-            self.zygotes[i] = Zygote::start(python, preloads)?;
-            self.zygotes[i].learned = learned;
+            self.zygotes[i] = Zygote::start(python, preloads, learned)?;
             return Ok(());
         }
         wire::send(
@@ -389,9 +388,9 @@ pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
     own_dir(&crate::socket_dir())?;
     let path = crate::socket_path();
     let listener = listen_on(&path)?;
-    let mut zygotes = vec![Zygote::start(python.clone(), Vec::new())?];
+    let mut zygotes = vec![Zygote::start(python.clone(), Vec::new(), false)?];
     for set in &opts.preloads {
-        zygotes.push(Zygote::start(python.clone(), set.clone())?);
+        zygotes.push(Zygote::start(python.clone(), set.clone(), false)?);
     }
     for z in &zygotes {
         eprintln!("sigma-supervise pool: zygote {}", z.describe());

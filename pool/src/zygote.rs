@@ -40,8 +40,12 @@ pub struct Zygote {
 
 impl Zygote {
     /// Start one and wait until it is ready.
-    pub fn start(python: PathBuf, preloads: Vec<String>) -> Result<Zygote, PoolError> {
-        let mut z = Zygote::spawn(python, preloads, false)?;
+    pub fn start(
+        python: PathBuf,
+        preloads: Vec<String>,
+        learned: bool,
+    ) -> Result<Zygote, PoolError> {
+        let mut z = Zygote::spawn(python, preloads, learned)?;
         match wire::recv_raw(z.ctl.as_fd())? {
             Some((m, _)) if m == b"ready" => {
                 z.ready = true;
