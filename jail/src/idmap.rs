@@ -25,7 +25,7 @@ pub(crate) fn probe(dir: &std::path::Path) -> Result<(), String> {
 
 /// A user namespace mapping inside 0 to the proc's host ids, as an fd (a short-lived helper
 /// process makes it).
-fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, String> {
+pub(crate) fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, String> {
     let (r, w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
     let pid = sys::clone_waiter(libc::CLONE_NEWUSER, r.as_fd(), w.as_fd())
         .map_err(|e| format!("creating the id-mapping user namespace: {}", e.desc()))?;

@@ -59,6 +59,7 @@ pub mod shown;
 mod spec;
 mod sys;
 pub mod view;
+pub mod warm;
 pub mod world;
 
 pub use error::JailError;

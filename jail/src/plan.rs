@@ -330,7 +330,8 @@ impl JailSpec {
                 path: cstr(&built(dst))?,
             });
         }
-        for p in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"] {
+        let masked = ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"];
+        for p in masked.into_iter().filter(|_| self.proc_masked) {
             steps.push(Step::ReadOnly {
                 path: cstr(&built(Path::new(p)))?,
             });

@@ -136,6 +136,10 @@ pub struct JailSpec {
     /// would open the terminal of the session the supervisor was started from, where a proc
     /// whose output is redirected could still write, and turn echo off for the user's shell.
     pub dev_tty: bool,
+    /// `/proc/sys`, `/proc/sysrq-trigger`, `/proc/irq` and `/proc/bus` read-only over-mounts.
+    /// Off only for a pool's zygote, whose children each mount a `/proc` of their own (masked
+    /// so): the kernel lets a user namespace mount proc only where one is fully visible.
+    pub proc_masked: bool,
 }
 
 impl JailSpec {
@@ -166,6 +170,7 @@ impl JailSpec {
             fd_files: Vec::new(),
             grace: Duration::from_secs(2),
             dev_tty: false,
+            proc_masked: true,
         }
     }
 }

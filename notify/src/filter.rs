@@ -146,6 +146,40 @@ impl FilterSpec {
             && (rules().any(|r| r.when.is_empty()) || self.default != Action::Allow)
     }
 
+    /// The filter of a process that forks procs which stack this spec's own filter (a pool's
+    /// zygote): nothing notified (with stacked filters a notification would reach the
+    /// zygote's listener, not the proc's: the kernel takes the newest filter's answer only
+    /// among equal actions), every notified call allowed (the kernel's own checks decide it,
+    /// as its view is the proc's), and `extra` allowed whatever the arguments. Each proc's own
+    /// filter refuses `extra` again.
+    pub fn for_forking(&self, extra: &[&str]) -> FilterSpec {
+        let allow = |a: Action| {
+            if a == Action::Notify {
+                Action::Allow
+            } else {
+                a
+            }
+        };
+        let mut rules: Vec<SyscallRule> = self
+            .rules
+            .iter()
+            .filter(|r| !extra.contains(&r.name.as_str()))
+            .map(|r| SyscallRule {
+                action: allow(r.action),
+                ..r.clone()
+            })
+            .collect();
+        rules.extend(extra.iter().map(|n| SyscallRule {
+            name: (*n).to_owned(),
+            action: Action::Allow,
+            when: Vec::new(),
+        }));
+        FilterSpec {
+            default: allow(self.default),
+            rules,
+        }
+    }
+
     /// Validate names and build the BPF program (libseccomp export).
     ///
     /// A rule whose action equals the default action is redundant and skipped (libseccomp

@@ -20,12 +20,13 @@ pub struct Run<'a> {
     /// Descriptors the proc inherits at their own numbers.
     pub fds: Vec<BorrowedFd<'a>>,
     /// What the caller's cold start does that a zygote does not, each of [`UNLIKE`].
-    pub unlike: [bool; 4],
+    pub unlike: [bool; 3],
+    /// The run's σcontainer, as its cold start would build it (a jailed run).
+    pub jail: Option<&'a jail::JailSpec>,
 }
 
 /// Why a run is [`Run::unlike`] a warm one.
-pub const UNLIKE: [&str; 4] = [
-    "the pool makes no σcontainer yet (warm runs are --no-jail)",
+pub const UNLIKE: [&str; 3] = [
     "the profile hides or over-mounts paths",
     "--pass-fd",
     "the profile notifies sendmsg (the proc could not hand its listener over)",
@@ -90,6 +91,7 @@ fn start(run: Run<'_>, required: bool) -> Result<Result<Started, (String, bool)>
         startup: choose::startup_env_of(&pairs),
         filter: run.filter,
         fds: run.fds,
+        jail: run.jail,
     };
     Ok(match client::start(&req) {
         Ok(Outcome::Warm(s)) => Ok(s),

@@ -51,6 +51,11 @@ pub struct PoolArgs {
     #[arg(long, value_name = "M", default_value_t = crate::learn::LearnOpts::default().zygotes)]
     pub learned_zygotes: usize,
 
+    /// Zygotes without a σcontainer, for `--no-jail` runs (by default each zygote runs in a
+    /// σcontainer of its own and serves jailed runs, each proc completing its own jail).
+    #[arg(long)]
+    pub no_jail: bool,
+
     /// Show the running pool's zygotes (pid, interpreter, preloads, learned or given, forks,
     /// age) and what it has learned.
     #[arg(long, conflicts_with = "stop")]
@@ -130,6 +135,7 @@ pub fn main(args: &PoolArgs) -> u8 {
                 })
                 .collect(),
             recycle_after_forks: args.recycle_after_forks,
+            jail: !args.no_jail,
             recycle_after: std::time::Duration::from_secs(args.recycle_after_secs),
             learn: crate::learn::LearnOpts {
                 enabled: args.learn_preloads == "on",

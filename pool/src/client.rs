@@ -51,6 +51,8 @@ pub struct WarmRequest<'a> {
     pub filter: Vec<u8>,
     /// Descriptors the proc inherits at their own numbers (the σOS socket).
     pub fds: Vec<BorrowedFd<'a>>,
+    /// The run's σcontainer (a jailed run), as a cold start would build it.
+    pub jail: Option<&'a jail::JailSpec>,
 }
 
 /// A proc forked by a zygote, waiting for [`Started::go`].
@@ -81,12 +83,27 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
         python,
         imports: req.imports.clone(),
         startup: req.startup.clone(),
+        view: req.jail.map(jail::warm::ViewKey::of),
     };
     wire::send(conn.as_fd(), &run, &[])?;
-    let zygote = match wire::recv::<wire::Answer>(conn.as_fd())? {
-        Some((wire::Answer::Warm { zygote }, _)) => zygote,
+    let (zygote, view) = match wire::recv::<wire::Answer>(conn.as_fd())? {
+        Some((wire::Answer::Warm { zygote, view }, _)) => (zygote, view),
         Some((wire::Answer::Cold { why }, _)) => return Ok(Outcome::Cold(why)),
         None => return Ok(Outcome::Cold("the pool ended the request".into())),
+    };
+    // A jailed run: its own binds, cloned here (the zygote never sees a host path). Leaving
+    // without a Spawn (the connection closed) lets the zygote go on without forking.
+    let (jail, trees) = match (req.jail, view) {
+        (None, None) => (None, Vec::new()),
+        (Some(spec), Some(view)) => match jailed(spec, &view) {
+            Ok(j) => j,
+            Err(why) => return Ok(Outcome::Cold(why)),
+        },
+        _ => {
+            return Ok(Outcome::Cold(
+                "the zygote's σcontainer is not the run's".into(),
+            ))
+        }
     };
     let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
     nix::sys::stat::umask(umask);
@@ -106,6 +123,7 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
             .filter(|&s| s != libc::SIGPIPE)
             .collect(),
         blocked: signals_of("SigBlk:"),
+        jail,
     };
     let (ended, ended_tx) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|errno| PoolError::Io {
@@ -116,7 +134,9 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
     let (i, o, e) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
     let mut fds = vec![i.as_fd(), o.as_fd(), e.as_fd(), ended_tx.as_fd()];
     fds.extend(req.fds.iter().copied());
+    fds.extend(trees.iter().map(|t| t.as_fd()));
     wire::send(conn.as_fd(), &spawn, &fds)?;
+    drop(trees);
     drop(ended_tx);
     let reply = wire::recv::<serde_json::Value>(conn.as_fd())?;
     let Some((v, mut fds)) = reply else {
@@ -141,6 +161,39 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
         ended,
         zygote,
     }))
+}
+
+/// A jailed run's completion of the zygote's `view`: what the child is told, and the trees of
+/// the run's own binds; Err: why it cannot be forked from this zygote.
+fn jailed(
+    spec: &jail::JailSpec,
+    view: &jail::warm::ViewKey,
+) -> Result<(Option<wire::SpawnJail>, Vec<OwnedFd>), String> {
+    let extra = view.extra_binds(spec)?;
+    let trees = jail::warm::request_trees(&extra, (view.host_uid, view.host_gid))?;
+    let hex = |p: &Path| wire::hex(p.as_os_str().as_bytes());
+    let binds = extra
+        .iter()
+        .map(|b| (hex(&b.dst), b.src.is_dir()))
+        .collect();
+    let writable = jail::warm::writable_dsts(spec)
+        .iter()
+        .map(|p| hex(p))
+        .collect();
+    let hides = jail::warm::hides_under(spec, &extra)
+        .iter()
+        .map(|p| hex(p))
+        .collect();
+    let landlock = spec.landlock;
+    let tmp_size = spec.tmp_size;
+    let j = wire::SpawnJail {
+        binds,
+        writable,
+        hides,
+        landlock,
+        tmp_size,
+    };
+    Ok((Some(j), trees))
 }
 
 /// Our limits, each `(resource, soft, hard)`, as a cold proc inherits them.

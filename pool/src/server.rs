@@ -41,6 +41,8 @@ pub struct PoolOpts {
     pub recycle_after: Duration,
     /// Preloads learned from runs.
     pub learn: LearnOpts,
+    /// Zygotes in a σcontainer each, for jailed runs (the default); else for `--no-jail` runs.
+    pub jail: bool,
 }
 
 /// At most this many import names in one request (a longer list takes the cold path).
@@ -90,6 +92,8 @@ fn listen_on(path: &Path) -> Result<OwnedFd, PoolError> {
 
 struct Pool {
     python: PathBuf,
+    /// Its zygotes are jailed ([`PoolOpts::jail`]).
+    jailed: bool,
     /// The serving zygotes, one per preload set.
     zygotes: Vec<Zygote>,
     /// Replacements being started: (the slot in `zygotes`, the new zygote); a learned zygote
@@ -126,7 +130,7 @@ impl Pool {
             let z = &self.zygotes[i];
             let due = z.forks >= self.recycle_after_forks || z.born.elapsed() >= self.recycle_after;
             if due && retry && !self.coming.iter().any(|(slot, _)| *slot == Some(i)) {
-                match Zygote::spawn(z.python.clone(), z.preloads.clone(), z.learned) {
+                match Zygote::spawn(z.python.clone(), z.preloads.clone(), z.learned, z.jailed) {
                     Ok(new) => self.coming.push((Some(i), new)),
                     Err(e) => {
                         tracing::warn!("pool: recycling {}: {e}", z.describe());
@@ -199,7 +203,7 @@ impl Pool {
                 return;
             }
         }
-        match Zygote::spawn(self.python.clone(), set, true) {
+        match Zygote::spawn(self.python.clone(), set, true, self.jailed) {
             Ok(z) => {
                 eprintln!(
                     "sigma-supervise pool: learned preloads [{}]: starting a zygote",
@@ -322,8 +326,9 @@ impl Pool {
                 python,
                 imports,
                 startup,
+                view,
             } => {
-                self.run(conn.as_fd(), &python, &imports, &startup)?;
+                self.run(conn.as_fd(), &python, &imports, &startup, view.as_ref())?;
                 Ok(false)
             }
         }
@@ -335,6 +340,7 @@ impl Pool {
         python: &str,
         imports: &[String],
         startup: &[String],
+        view: Option<&jail::warm::ViewKey>,
     ) -> Result<(), PoolError> {
         let cold = |why: String| wire::send(conn, &wire::Answer::Cold { why }, &[]);
         // The names come from the client: refused unless each is a plain module name.
@@ -347,11 +353,38 @@ impl Pool {
                 self.python.display()
             ));
         }
+        // A jailed zygote serves a jailed run whose view is its own plus binds of the run's.
+        let fits = |z: &Zygote| match (&z.view, view) {
+            (None, None) => true,
+            (Some(zv), Some(rv)) => {
+                zv.rest == rv.rest && zv.binds.iter().all(|b| rv.binds.contains(b))
+            }
+            _ => false,
+        };
+        if !self.zygotes.iter().any(fits) {
+            return cold(match (self.jailed, view) {
+                (true, None) => {
+                    "the pool's zygotes are jailed (`pool --no-jail` serves --no-jail runs)".into()
+                }
+                (false, Some(_)) => {
+                    "the pool's zygotes are --no-jail (a pool without it serves jailed runs)".into()
+                }
+                (_, Some(rv)) => match self
+                    .zygotes
+                    .iter()
+                    .find_map(|z| z.view.as_ref()?.differs(rv))
+                {
+                    Some(part) => format!("its σcontainer differs from the zygotes': {part}"),
+                    None => "the zygotes' views show what the run's does not".into(),
+                },
+                _ => "no zygote fits".into(),
+            });
+        }
         let best = self
             .zygotes
             .iter()
             .enumerate()
-            .filter(|(_, z)| choose::preloads_fit(&z.preloads, imports))
+            .filter(|(_, z)| fits(z) && choose::preloads_fit(&z.preloads, imports))
             .max_by_key(|(_, z)| z.preloads.len())
             .map(|(i, _)| i);
         let Some(i) = best else {
@@ -369,13 +402,14 @@ impl Pool {
             let why = format!("the zygote {} is gone (restarted)", z.describe());
             cold(why)?;
             let (python, preloads, learned) = (z.python.clone(), z.preloads.clone(), z.learned);
-            self.zygotes[i] = Zygote::start(python, preloads, learned)?;
+            self.zygotes[i] = Zygote::start(python, preloads, learned, self.jailed)?;
             return Ok(());
         }
         wire::send(
             conn,
             &wire::Answer::Warm {
                 zygote: self.zygotes[i].describe(),
+                view: self.zygotes[i].view.clone(),
             },
             &[],
         )
@@ -388,9 +422,14 @@ pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
     own_dir(&crate::socket_dir())?;
     let path = crate::socket_path();
     let listener = listen_on(&path)?;
-    let mut zygotes = vec![Zygote::start(python.clone(), Vec::new(), false)?];
+    let mut zygotes = vec![Zygote::start(python.clone(), Vec::new(), false, opts.jail)?];
     for set in &opts.preloads {
-        zygotes.push(Zygote::start(python.clone(), set.clone(), false)?);
+        zygotes.push(Zygote::start(
+            python.clone(),
+            set.clone(),
+            false,
+            opts.jail,
+        )?);
     }
     for z in &zygotes {
         eprintln!("sigma-supervise pool: zygote {}", z.describe());
@@ -401,6 +440,7 @@ pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
         path.display()
     );
     let mut pool = Pool {
+        jailed: opts.jail,
         python,
         zygotes,
         coming: Vec::new(),

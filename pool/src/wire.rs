@@ -120,6 +120,9 @@ pub enum Request {
         python: String,
         imports: Vec<String>,
         startup: Vec<String>,
+        /// A jailed run's view: only a jailed zygote whose view it completes serves it.
+        #[serde(default)]
+        view: Option<jail::warm::ViewKey>,
     },
     Status,
     Stop,
@@ -130,8 +133,15 @@ pub enum Request {
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Answer {
-    Warm { zygote: String },
-    Cold { why: String },
+    Warm {
+        zygote: String,
+        /// A jailed zygote's view (its host ids for the run's idmapped binds).
+        #[serde(default)]
+        view: Option<jail::warm::ViewKey>,
+    },
+    Cold {
+        why: String,
+    },
 }
 
 /// What the client tells the zygote (with stdin, stdout, stderr and the report pipe's write
@@ -157,6 +167,25 @@ pub struct Spawn {
     /// The client's blocked signals (a cold proc's mask).
     #[serde(default)]
     pub blocked: Vec<i32>,
+    /// A jailed proc's completion of its zygote's view.
+    #[serde(default)]
+    pub jail: Option<SpawnJail>,
+}
+
+/// What a jailed zygote's child adds to the view it shares: the run's own binds (their trees
+/// follow the inherited descriptors, in this order), where it may write, Landlock.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct SpawnJail {
+    /// Each bind's destination (hex) and whether its source is a directory.
+    pub binds: Vec<(String, bool)>,
+    /// Where Landlock lets the proc write, besides /tmp, /dev/shm and /dev/pts (hex).
+    pub writable: Vec<String>,
+    /// Paths under those binds hidden as a cold jail hides them (hex).
+    #[serde(default)]
+    pub hides: Vec<String>,
+    pub landlock: bool,
+    /// The private /tmp's size in bytes.
+    pub tmp_size: u64,
 }
 
 /// A zygote as `--status` shows it.

@@ -33,6 +33,293 @@ RESEED = {
 }
 
 
+class _Jail:
+    """A jailed zygote's side of each proc's σcontainer (`sigma-supervise --zygote-ctl`).
+
+    The zygote runs in a jail built as a cold proc's, less the run's own binds, without
+    Landlock. Before its preloads it enters a user namespace of its own (mapping its ids to
+    themselves: any process may; it gains nothing over the jail's objects) and a pid namespace
+    it leads, so that it may make and join namespaces for its children:
+
+        Z (the jail's program) ── unshare(USER), unshare(PID), fork ──▶ Z2 (the zygote, pid 1)
+        Z2 ── fork (before its preloads: small) ──▶ F, which on Z2's word makes a spare:
+              unshare(PID|NET|IPC|UTS), fork ──▶ I (pid 1, loopback up), setns back
+        Z2 per proc: setns(I, PID), fork ──▶ C (pid 2 of I's namespace), setns back
+
+    C joins I's network, IPC and UTS namespaces, makes a mount namespace, builds a root of
+    its own (a tmpfs; the zygote's view bound in entry by entry, the run's own binds attached
+    from the trees its client cloned, a new /proc, /tmp, /dev/shm and /dev/pts), pivots into
+    it, makes it read-only, drops every capability, sets no_new_privs and Landlock, then
+    installs the proc's filter as an unjailed zygote's child does. When C ends, I is killed,
+    and with it what C left running, as a cold jail's init ends its proc.
+    """
+
+    NEWNS, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET = (
+        0x20000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000)
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+    MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+
+    def __init__(self):
+        import ctypes, os, socket
+        self.libc = libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        uid, gid = os.geteuid(), os.getegid()
+        self.check(libc.unshare(self.NEWUSER), "a user namespace of its own")
+        for f, data in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)),
+                        ("gid_map", "%d %d 1" % (gid, gid))):
+            with open("/proc/self/" + f, "w") as fh:
+                fh.write(data)
+        self.check(libc.unshare(self.NEWPID), "a pid namespace")
+        pid = os.fork()
+        if pid:
+            # Z: ends as the zygote does (and the jail with it).
+            os.closerange(3, 1 << 20)
+            while True:
+                try:
+                    _, status = os.waitpid(pid, 0)
+                    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+                except InterruptedError:
+                    continue
+        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: Z's end is ours
+        self.pz = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        if os.fork() == 0:
+            # F, in the zygote's pid namespace: makes spares until the zygote is gone.
+            libc.prctl(1, 9, 0, 0, 0)
+            ours.close()
+            a, b = sorted((theirs.fileno(), self.pz))
+            os.closerange(3, a)
+            os.closerange(a + 1, b)
+            os.closerange(b + 1, 1 << 20)
+            self.make_spares(theirs)
+        theirs.close()
+        self.maker = ours
+        self.spares = []
+        self.asked = 0
+        self.inits = {}  # proc pid -> its I's pidfd
+        self.root = sorted(os.listdir("/"))
+
+    def check(self, r, what):
+        if r != 0:
+            import ctypes, os
+            raise OSError(ctypes.get_errno(), "%s: %s" % (what, os.strerror(ctypes.get_errno())))
+
+    def make_spares(self, sock):
+        import os, signal, socket
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # Is end unreaped
+        flags = self.NEWPID | self.NEWNET | self.NEWIPC | self.NEWUTS
+        while True:
+            try:
+                m = sock.recv(16)
+            except InterruptedError:
+                continue
+            if not m:
+                os._exit(0)
+            if self.libc.unshare(flags) != 0:
+                sock.send(b"E")
+                continue
+            pid = os.fork()
+            if pid == 0:
+                self.spare_init()
+            self.check(self.libc.setns(self.pz, self.NEWPID), "back to the zygote's pid namespace")
+            fd = os.pidfd_open(pid)
+            socket.send_fds(sock, [b"S"], [fd])
+            os.close(fd)
+
+    def spare_init(self):
+        # I: pid 1 of a proc's namespaces, loopback up; orphans reaped (SIGCHLD ignored).
+        import fcntl, os, signal, socket, struct
+        os.closerange(3, 1 << 20)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", 0x1 | 0x8 | 0x40, b""))
+        while True:
+            signal.pause()
+
+    def ask(self, n=1):
+        for _ in range(n):
+            self.maker.send(b"s")
+            self.asked += 1
+
+    def take(self, wait):
+        # The spares made since, without waiting unless none is at hand.
+        import socket
+        while self.asked:
+            try:
+                flags = 0 if wait and not self.spares else socket.MSG_DONTWAIT
+                m, fds, _, _ = socket.recv_fds(self.maker, 16, 1, flags)
+            except BlockingIOError:
+                break
+            except InterruptedError:
+                continue
+            if not m:
+                raise OSError("the zygote's spare maker is gone")
+            self.asked -= 1
+            self.spares.extend(fds)
+            if m != b"S" and not self.spares and wait:
+                raise OSError("no namespaces for the proc")
+
+    def fork(self, fork):
+        # The proc forked into a spare's pid namespace (pid 2), the next spare asked for.
+        import os
+        self.take(False)
+        if not self.spares:
+            if not self.asked:
+                self.ask()
+            self.take(True)
+        init = self.spares.pop(0)
+        self.check(self.libc.setns(init, self.NEWPID), "the proc's pid namespace")
+        pid = fork()
+        if pid == 0:
+            return 0, init
+        self.check(self.libc.setns(self.pz, self.NEWPID), "back to the zygote's pid namespace")
+        self.inits[pid] = init
+        self.ask()
+        return pid, init
+
+    def ended(self, pid):
+        # The proc's I ends with it (SIGKILL: what the proc left running ends too).
+        import os
+        init = self.inits.pop(pid, None)
+        if init is not None:
+            self.libc.syscall(424, init, 9, None, 0)  # pidfd_send_signal
+            os.close(init)
+
+    def complete(self, j, trees, init):
+        """In C: the proc's own root, Landlock and no capability left. Err: why not."""
+        import os, struct
+        libc = self.libc
+        mount = lambda src, dst, fs, flags, data=None: self.check(
+            libc.mount(src, dst, fs, flags, data),
+            "mount %s" % (dst.decode(errors="replace") if dst else ""))
+        self.check(libc.setns(init, self.NEWNET | self.NEWIPC | self.NEWUTS),
+                   "the proc's network namespace")
+        self.check(libc.unshare(self.NEWNS), "a mount namespace")
+        mount(None, b"/", None, self.MS_REC | self.MS_PRIVATE)
+        T = b"/tmp"
+        mount(b"tmpfs", T, b"tmpfs", self.MS_NOSUID | self.MS_NODEV, b"mode=0755")
+        binds = [(os.fsencode(os.fsdecode(bytes.fromhex(d))), isdir, fd)
+                 for (d, isdir), fd in zip(j["binds"], trees)]
+        needed = set()
+        for dst, _, _ in binds:
+            p = os.path.dirname(dst)
+            while p != b"/":
+                needed.add(p)
+                p = os.path.dirname(p)
+
+        def fill(d, names):
+            for name in names:
+                p = os.path.join(d, name)
+                t = T + p
+                if d == b"/" and name in (b"proc", b"tmp"):
+                    continue
+                if p in needed and os.path.isdir(p) and not os.path.islink(p):
+                    os.mkdir(t)
+                    fill(p, os.listdir(p))
+                elif os.path.islink(p):
+                    os.symlink(os.readlink(p), t)
+                elif os.path.isdir(p):
+                    os.mkdir(t)
+                    mount(p, t, None, self.MS_BIND | self.MS_REC)
+                else:
+                    os.close(os.open(t, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o444))
+                    mount(p, t, None, self.MS_BIND)
+        fill(b"/", [os.fsencode(n) for n in self.root])
+        os.mkdir(T + b"/proc", 0o555)
+        mount(b"proc", T + b"/proc", b"proc", self.MS_NOSUID | self.MS_NODEV | self.MS_NOEXEC)
+        for p in (b"/proc/sys", b"/proc/sysrq-trigger", b"/proc/irq", b"/proc/bus"):
+            if os.path.exists(T + p):
+                mount(T + p, T + p, None, self.MS_BIND | self.MS_REC)
+                mount(None, T + p, None, self.MS_REMOUNT | self.MS_BIND | self.MS_RDONLY
+                      | self.MS_NOSUID | self.MS_NODEV | self.MS_NOEXEC)
+        os.mkdir(T + b"/tmp")
+        mount(b"tmpfs", T + b"/tmp", b"tmpfs", self.MS_NOSUID | self.MS_NODEV,
+              b"mode=1777,size=%d" % int(j.get("tmp_size", 1 << 30)))
+        if os.path.isdir(T + b"/dev/shm"):
+            mount(b"tmpfs", T + b"/dev/shm", b"tmpfs", self.MS_NOSUID | self.MS_NODEV, b"mode=1777")
+        if os.path.isdir(T + b"/dev/pts"):
+            mount(b"devpts", T + b"/dev/pts", b"devpts", self.MS_NOSUID | self.MS_NOEXEC,
+                  b"newinstance,ptmxmode=0666,mode=620")
+        for dst, isdir, fd in sorted(binds, key=lambda b: b[0].count(b"/")):
+            t = T + dst
+            if isdir:
+                os.makedirs(t, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(t), exist_ok=True)
+                if not os.path.lexists(t):
+                    os.close(os.open(t, os.O_CREAT | os.O_WRONLY, 0o444))
+            self.check(libc.syscall(429, fd, b"", -100, t, 4), "attaching %s" % os.fsdecode(dst))
+        # What the run hides under its own binds, as a cold jail hides it: an empty read-only
+        # tmpfs over a directory, an empty file over a file.
+        empty = T + b"/tmp/.sigma-empty"
+        for h in j.get("hides", []):
+            t = T + os.fsencode(os.fsdecode(bytes.fromhex(h)))
+            if os.path.islink(t) or not os.path.lexists(t):
+                continue
+            if os.path.isdir(t):
+                mount(b"tmpfs", t, b"tmpfs", self.MS_RDONLY | self.MS_NOSUID | self.MS_NODEV
+                      | self.MS_NOEXEC, b"mode=0555,size=4k")
+            else:
+                if not os.path.exists(empty):
+                    os.close(os.open(empty, os.O_CREAT | os.O_WRONLY, 0o444))
+                mount(empty, t, None, self.MS_BIND)
+                mount(None, t, None, self.MS_REMOUNT | self.MS_BIND | self.MS_RDONLY
+                      | self.MS_NOSUID | self.MS_NODEV | self.MS_NOEXEC)
+        if os.path.exists(empty):
+            os.unlink(empty)
+        os.chdir(T)
+        self.check(libc.syscall(155, b".", b"."), "pivot_root")
+        self.check(libc.umount2(b".", 2), "detaching the zygote's root")
+        os.chdir("/")
+        mount(None, b"/", None, self.MS_REMOUNT | self.MS_BIND | self.MS_RDONLY
+              | self.MS_NOSUID | self.MS_NODEV)
+        # No capability left, none to regain (securebits locked), no new privileges.
+        self.check(libc.prctl(28, 0xEF, 0, 0, 0), "securebits")
+        for cap in range(64):
+            if libc.prctl(24, cap, 0, 0, 0) != 0:
+                break
+        libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+        hdr = struct.pack("Ii", 0x20080522, 0)
+        self.check(libc.syscall(126, hdr, bytes(24)), "dropping capabilities")
+        self.check(libc.prctl(38, 1, 0, 0, 0), "no_new_privs")
+        if j.get("landlock"):
+            self.landlock([os.fsdecode(bytes.fromhex(w)) for w in j.get("writable", [])])
+
+    def landlock(self, writable):
+        # As a cold jail's: read and execute anywhere, write where the proc may; signals and
+        # abstract sockets scoped to it (ABI 6).
+        import os, struct
+        libc = self.libc
+        abi = libc.syscall(444, None, 0, 1)
+        if abi <= 0:
+            return
+        handled = (1 << 13) - 1
+        for v, bit in ((2, 13), (3, 14), (5, 15)):
+            if abi >= v:
+                handled |= 1 << bit
+        scoped = 3 if abi >= 6 else 0
+        size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+        rs = libc.syscall(444, struct.pack("QQQ", handled, 0, scoped), size, 0)
+        if rs < 0:
+            self.check(-1, "a Landlock ruleset")
+        file_only = 1 | 2 | 4 | (1 << 14) | (1 << 15)
+
+        def rule(path, access):
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                return
+            if not os.path.isdir(path):
+                access &= file_only
+            r = libc.syscall(445, rs, 1, struct.pack("=Qi", access & handled, fd), 0)
+            os.close(fd)
+            self.check(0 if r == 0 else -1, "a Landlock rule for %s" % path)
+        rule("/", 1 | 4 | 8)
+        for w in ["/tmp", "/dev/shm", "/dev/pts"] + writable:
+            rule(w, handled)
+        self.check(libc.syscall(446, rs, 0), "Landlock")
+        os.close(rs)
+
+
 def _zygote():
     # Locals, not globals: the child empties __main__'s namespace for the program.
     import sys
@@ -41,6 +328,13 @@ def _zygote():
     preloads = [p for p in sys.argv[2].split(",") if p]
     import _thread
     startup = {m.partition(".")[0] for m in sys.modules}
+    jail = None
+    if sys.argv[3:4] == ["jailed"]:
+        before = set(sys.modules)
+        jail = _Jail()
+        # What that imported is not the preloads': dropped, so a proc never carries it.
+        for name in set(sys.modules) - before:
+            del sys.modules[name]
     own = [p for p in sys.path if p]  # the interpreter's own path, without ''
     first = sys.path[:1]
     sys.path[:] = own
@@ -89,6 +383,8 @@ def _zygote():
             if pid == 0:
                 return
             fd = ended.pop(pid, None)
+            if jail is not None:
+                jail.ended(pid)
             if fd is None:
                 continue
             if os.WIFSIGNALED(status):
@@ -190,6 +486,8 @@ def _zygote():
         # ignored and every other disposition the default, its mask; then the interpreter's
         # own start-up (SIGPIPE and SIGXFSZ ignored, ^C a KeyboardInterrupt unless ignored).
         for r, soft, hard in req.get("rlimits", []):
+            if jail is not None and r == resource.RLIMIT_NPROC:
+                continue  # the jail's own (its pids limit), as a cold jail sets it
             want = tuple(resource.RLIM_INFINITY if v == (1 << 64) - 1 else v for v in (soft, hard))
             try:
                 if resource.getrlimit(r) != want:
@@ -226,14 +524,22 @@ def _zygote():
         t.mode = mode
         return t
 
-    def child(conn, req, fds, hand, page):
+    def child(conn, req, fds, hand, page, init):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if jail is not None:
+            try:
+                jail.complete(req["jail"], fds[4 + len(req["fds"]):], init)
+            except (OSError, KeyError, ValueError, TypeError) as e:
+                conn.send(json.dumps({"error": "completing the proc's σcontainer: %s" % e}).encode())
+                os._exit(125)
         for other in pages.values():
             other.close()  # siblings' pages are theirs
         sys.stdout.flush()
         sys.stderr.flush()
         for i in range(3):
             os.dup2(fds[i], i)
+        if jail is not None and not any(os.isatty(i) for i in range(3)):
+            os.setsid()  # as a cold jail's target: a session of its own without a terminal
         # The inherited descriptors at their numbers: first all out of the way, then placed.
         cfd = conn.fileno()
         above = max(req["fds"], default=2) + 1
@@ -335,6 +641,8 @@ def _zygote():
     if threading.active_count() != 1:
         print("zygote: a preload started a thread; not forking", file=sys.stderr)
         os._exit(3)
+    if jail is not None:
+        jail.ask(2)  # two procs' namespaces made ahead
     gc.collect()
     gc.freeze()
     ctl.send(b"ready")
@@ -359,21 +667,40 @@ def _zygote():
         conn = socket.socket(fileno=fds[0])
         conn.settimeout(2)  # a client that stalls holds this zygote up two seconds at most
         try:
-            msg, cfds, _, _ = socket.recv_fds(conn, 1 << 20, 16)
+            msg, cfds, _, _ = socket.recv_fds(conn, 1 << 20, 64)
             req = json.loads(msg)
-        except (OSError, ValueError):
-            msg, cfds, req = b"", [], {}
-        if not msg or len(cfds) != 4 + len(req.get("fds", [])):
+            # A jailed zygote forks only jailed procs, each with its trees after its fds.
+            trees = len(req["jail"]["binds"]) if jail is not None else 0
+            if (req.get("jail") is None) != (jail is None):
+                raise ValueError
+        except (OSError, ValueError, KeyError, TypeError):
+            msg, cfds, req, trees = b"", [], {}, 0
+        if not msg or len(cfds) != 4 + len(req.get("fds", [])) + trees:
             for fd in cfds:
                 os.close(fd)
             conn.close()
             continue
         page = mmap.mmap(-1, 4096) if hand.get("learn") else None
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
-        pid = os.fork()
+        try:
+            pid, init = jail.fork(os.fork) if jail is not None else (os.fork(), None)
+        except OSError as e:
+            try:
+                conn.send(json.dumps({"error": "forking the proc: %s" % e}).encode())
+            except OSError:
+                pass
+            pid = -1
         if pid == 0:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-            child(conn, req, cfds, hand, page)
+            child(conn, req, cfds, hand, page, init)
+        for fd in cfds[4 + len(req["fds"]):]:
+            os.close(fd)  # the trees are the proc's
+        if pid < 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+            for fd in cfds[:4]:
+                os.close(fd)
+            conn.close()
+            continue
         ended[pid] = cfds[3]
         if page is not None:
             pages[pid] = page

@@ -34,6 +34,10 @@ pub struct Zygote {
     pub last_used: Instant,
     /// The preload it could not import, if it ended so.
     failed: Option<String>,
+    /// In a σcontainer of its own (started through `sigma-supervise --zygote-ctl`), whose
+    /// view it said before "ready"; its procs complete their own jails.
+    pub jailed: bool,
+    pub view: Option<jail::warm::ViewKey>,
     ctl: OwnedFd,
     child: Child,
 }
@@ -44,15 +48,34 @@ impl Zygote {
         python: PathBuf,
         preloads: Vec<String>,
         learned: bool,
+        jailed: bool,
     ) -> Result<Zygote, PoolError> {
-        let mut z = Zygote::spawn(python, preloads, learned)?;
-        match wire::recv_raw(z.ctl.as_fd())? {
-            Some((m, _)) if m == b"ready" => {
-                z.ready = true;
-                z.born = Instant::now();
-                Ok(z)
+        let mut z = Zygote::spawn(python, preloads, learned, jailed)?;
+        loop {
+            let said = wire::recv_raw(z.ctl.as_fd())?;
+            match z.heard(said)? {
+                true => return Ok(z),
+                false => continue,
             }
-            other => Err(z.never_ready(other.map(|(m, _)| m))),
+        }
+    }
+
+    /// What it said before it was ready: its view (a jailed zygote's first word), then
+    /// "ready" (true), or why it ended.
+    fn heard(&mut self, said: Option<wire::Datagram>) -> Result<bool, PoolError> {
+        match said {
+            Some((m, _)) if m == b"ready" && self.view.is_some() == self.jailed => {
+                self.ready = true;
+                self.born = Instant::now();
+                Ok(true)
+            }
+            Some((m, _)) if self.jailed && self.view.is_none() && m.starts_with(b"{") => {
+                let view = serde_json::from_slice(&m)
+                    .map_err(|e| PoolError::Protocol(format!("the zygote's view: {e}")))?;
+                self.view = Some(view);
+                Ok(false)
+            }
+            other => Err(self.never_ready(other.map(|(m, _)| m))),
         }
     }
 
@@ -118,14 +141,8 @@ impl Zygote {
                 })
             }
         }
-        match wire::recv_raw(self.ctl.as_fd())? {
-            Some((m, _)) if m == b"ready" => {
-                self.ready = true;
-                self.born = Instant::now();
-                Ok(true)
-            }
-            other => Err(self.never_ready(other.map(|(m, _)| m))),
-        }
+        let said = wire::recv_raw(self.ctl.as_fd())?;
+        self.heard(said)
     }
 
     /// Its control socket, for the pool's poll while it is not yet ready.
@@ -144,6 +161,7 @@ impl Zygote {
         python: PathBuf,
         preloads: Vec<String>,
         learned: bool,
+        jailed: bool,
     ) -> Result<Zygote, PoolError> {
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
@@ -164,12 +182,25 @@ impl Zygote {
             })
         };
         set(FdFlag::empty())?;
-        let mut cmd = Command::new(&python);
+        let ctl = theirs.as_raw_fd().to_string();
+        // Jailed: this very program builds its σcontainer as a cold proc's, says the view on
+        // the control socket, and stays its (idle) supervisor.
+        let mut cmd = match jailed {
+            true => {
+                let exe = std::env::current_exe()
+                    .map_err(|e| PoolError::Setup(format!("this program's path: {e}")))?;
+                let mut c = Command::new(exe);
+                c.args(["--zygote-ctl", &ctl, "--"]).arg(&python);
+                c
+            }
+            false => Command::new(&python),
+        };
         // The source comes on stdin, read at once: `ps` shows one line, `__main__` holds nothing.
         cmd.arg("-c")
             .arg("exec(__import__('sys').stdin.read())")
-            .arg(theirs.as_raw_fd().to_string())
+            .arg(&ctl)
             .arg(preloads.join(","))
+            .args(jailed.then_some("jailed"))
             .stdin(Stdio::piped())
             .env_clear();
         let env: Vec<_> = std::env::vars_os()
@@ -207,6 +238,8 @@ impl Zygote {
             learned,
             last_used: Instant::now(),
             failed: None,
+            jailed,
+            view: None,
             ctl: ours,
             child,
         })

@@ -125,6 +125,7 @@ fn client_role() -> ExitCode {
         startup: pool::choose::startup_env_of(&pool::client::env_pairs(&env)),
         filter: filter(),
         fds: Vec::new(),
+        jail: None,
     };
     let s = match pool::client::start(&req) {
         Ok(pool::client::Outcome::Warm(s)) => s,
@@ -170,7 +171,9 @@ struct Pool {
 impl Pool {
     fn start(args: &[&str]) -> Pool {
         let dir = tempfile::tempdir().unwrap();
+        // Zygotes without a σcontainer: this binary is not the supervisor that builds one.
         let child = Command::new(std::env::current_exe().unwrap())
+            .arg("--no-jail")
             .args(args)
             .env(ROLE, "pool")
             .env("SIGMA_POOL_DIR", dir.path())

@@ -99,6 +99,13 @@ pub struct Cli {
     #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = parse_grace)]
     pub grace: std::time::Duration,
 
+    /// A pool's zygote (started by `sigma-supervise pool`): its σcontainer is a proc's without
+    /// the working directory, Landlock (its children apply their own) or notifications, its
+    /// filter the profile's plus the calls that complete a child's jail; the view is said on
+    /// descriptor N (passed to it) first.
+    #[arg(long, value_name = "N", hide = true)]
+    pub zygote_ctl: Option<u32>,
+
     /// Start the proc from the running pool's zygote (`sigma-supervise pool --help`) or fail;
     /// without it a running pool is used when the run allows (see --stats).
     #[arg(long)]

@@ -88,6 +88,43 @@ pub fn compile(opts: &Options, root: Option<&Path>) -> anyhow::Result<Compiled> 
     })
 }
 
+/// What a pool's zygote calls beyond its procs' profile, to complete each child's jail in the
+/// child (the proc's own filter, stacked on it there, refuses each again):
+/// - `unshare`, `setns`: the zygote's nested user namespace, and per child a pid, network,
+///   IPC and UTS namespace made ahead and joined, and a mount namespace of its own;
+/// - `mount`, `umount2`, `pivot_root`, `move_mount`: the child's root (a tmpfs with the
+///   zygote's view bound in, the run's own binds attached as the client cloned them);
+/// - `capset`, `prctl`: the child drops every capability of the nested namespace, and sets
+///   no_new_privs and its securebits;
+/// - `landlock_*`, `seccomp`: the child's Landlock and the proc's filter;
+/// - `pidfd_open`, `pidfd_send_signal`: the child's pidfd for its client, a spare namespace's
+///   init ended with its proc.
+pub const ZYGOTE_CALLS: &[&str] = &[
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "move_mount",
+    "capset",
+    "prctl",
+    "landlock_create_ruleset",
+    "landlock_add_rule",
+    "landlock_restrict_self",
+    "seccomp",
+    "pidfd_open",
+    "pidfd_send_signal",
+];
+
+/// A pool zygote's filter: the profile's, notifying nothing, with [`ZYGOTE_CALLS`].
+pub fn for_zygote(policy: &Policy, elide: bool) -> anyhow::Result<CompiledFilter> {
+    policy
+        .filter_spec(elide)
+        .for_forking(ZYGOTE_CALLS)
+        .compile()
+        .context("compiling the zygote's seccomp filter")
+}
+
 /// Whether the filter lets no target change its cwd unheard (chdir and fchdir notified or
 /// refused): see [`notify::path::ProcView::set_cwd_changes_seen`].
 fn cwd_changes_seen(spec: &notify::FilterSpec) -> bool {

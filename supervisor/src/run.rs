@@ -29,7 +29,16 @@ fn trace_hint(f: Failure, cli: &Cli) -> Failure {
 
 /// One run of PROGRAM under the supervisor, as `cli` asks (and, in trampoline mode, its
 /// `plan`): how it ended.
-pub fn run(cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::Ended, Failure> {
+pub fn run(mut cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::Ended, Failure> {
+    // A pool's zygote: no working directory, no Landlock (its children apply their own), no
+    // σOS server (each proc's client serves its own).
+    let zygote = cli.zygote_ctl;
+    if let Some(n) = zygote {
+        cli.jail.cwd = container::CwdArg::None;
+        cli.jail.no_landlock = true;
+        cli.sigma.sigma = Some(sigma_api::SigmaMode::Off);
+        cli.pass_fd.push(n);
+    }
     // Trampoline mode: the proc's binary, read from binfs into a memfd.
     let memfd = plan.as_ref().and_then(trampoline::Plan::exec_path);
     let program = match memfd {
@@ -84,6 +93,10 @@ pub fn run(cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::E
         },
         cache_root.as_deref(),
     )?;
+    let filter = match zygote {
+        Some(_) => compiled::for_zygote(&policy, elide)?,
+        None => filter,
+    };
     tracing::debug!(cached, "profile {} compiled", cli.profile);
     jail::mark("policy");
     // One CPU for both the target and the notification thread (chosen once).
@@ -114,6 +127,9 @@ pub fn run(cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::E
     let mut jail = cli.jail.spec(&program, &cli.command, &hidden, cli.grace)?;
     if let (Some(t), Some(spec)) = (&plan, jail.as_mut()) {
         t.shape(spec);
+    }
+    if let (Some(_), Some(spec)) = (zygote, jail.as_mut()) {
+        spec.proc_masked = false;
     }
     jail::mark("spec");
     // Where the jail shows host paths at their own names, for the hint of a failed run.
@@ -163,7 +179,18 @@ pub fn run(cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::E
         );
         readonly::Hints::new(map)
     });
-    let (mut child, start) = spawn::warm_or_cold(prepared, sendmsg_allowed, cli.warm)?;
+    let (mut child, start) = match (zygote, prepared.jail()) {
+        // The zygote says its view to the pool, which matches runs against it.
+        (Some(n), Some(spec)) => {
+            let key =
+                serde_json::to_vec(&jail::warm::ViewKey::of(spec)).map_err(anyhow::Error::from)?;
+            sys::say_on_passed(n, &key).map_err(|e| anyhow::anyhow!("--zygote-ctl: {e}"))?;
+            let child = spawn::spawn(prepared)?;
+            return supervisor::wait_unheard(child, cli.grace, sigma_api::evict);
+        }
+        (Some(_), None) => return Err(anyhow::anyhow!("--zygote-ctl needs the jail").into()),
+        (None, _) => spawn::warm_or_cold(prepared, sendmsg_allowed, cli.warm)?,
+    };
     api.jail_built();
     if let Some(r) = &realm {
         r.forked();

@@ -357,6 +357,32 @@ fn wait_all(
 
 /// Run the loop for `child` until every supervised process is gone; returns how the main child
 /// ended. Processes left when the main child exits get
+/// A pool's zygote (`--zygote-ctl`): its filter notifies nothing, and its listener is closed at
+/// once, so that each proc it forks may install a listener of its own (the kernel allows one
+/// per filter chain); then only its end is awaited.
+pub fn wait_unheard(
+    mut child: Child,
+    grace: Duration,
+    evict: fn() -> bool,
+) -> Result<Ended, Failure> {
+    child.listener = std::fs::File::open("/dev/null")
+        .context("/dev/null")?
+        .into();
+    child.release();
+    let ended = child.ended_rx.as_ref().map(|f| f.as_fd());
+    let cgroup = child.cgroup.is_some();
+    Ok(wait_all(
+        child.pid,
+        grace,
+        child.jailed,
+        ended,
+        cgroup,
+        Vec::new(),
+        evict,
+        None,
+    )?)
+}
+
 /// SIGTERM, then SIGKILL after `grace`.
 #[allow(clippy::too_many_arguments)]
 pub fn supervise(

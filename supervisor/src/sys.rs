@@ -110,6 +110,22 @@ pub fn is_realtime() -> bool {
     policy == libc::c_long::from(libc::SCHED_FIFO) || policy == libc::c_long::from(libc::SCHED_RR)
 }
 
+/// Send `data` as one message on descriptor `n`, which our caller passed to us for that
+/// (a pool's zygote says its view on it: `--zygote-ctl`).
+pub fn say_on_passed(n: u32, data: &[u8]) -> Result<(), Errno> {
+    // SAFETY: `n` is a descriptor our caller passed and told us of; it is borrowed for the
+    // call only, and `data` outlives it.
+    let fd = unsafe { BorrowedFd::borrow_raw(n as i32) };
+    loop {
+        match nix::unistd::write(fd, data) {
+            Err(Errno::EINTR) => continue,
+            Ok(w) if w == data.len() => return Ok(()),
+            Ok(_) => return Err(Errno::EMSGSIZE),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// pidfd_send_signal(2) without a siginfo: the process (or thread) behind `pidfd` gets `sig`
 /// as if from kill(2); ESRCH if it has exited, whatever process now has its pid.
 pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: i32, flags: u32) -> Result<(), Errno> {

@@ -17,8 +17,9 @@ struct Pool {
 }
 
 impl Pool {
+    /// A pool for `--no-jail` runs (as [`run`] makes them).
     fn start(preloads: &[&str]) -> Pool {
-        let mut args = Vec::new();
+        let mut args = vec!["--no-jail"];
         for p in preloads {
             args.extend(["--preload", p]);
         }
@@ -138,9 +139,10 @@ fn scripts(dir: &Path) -> Vec<(&'static str, PathBuf)> {
         .collect()
 }
 
-/// A jailed run says why it starts cold: no pool, else the jail a zygote does not build yet.
+/// A jailed run is warm from a pool of jailed zygotes (the default), and says why it starts
+/// cold otherwise: no pool, or one whose zygotes are `--no-jail`.
 #[test]
-fn a_jailed_run_says_why_it_starts_cold() {
+fn a_jailed_run_is_warm_from_a_jailed_pool_and_says_why_not_otherwise() {
     let work = tempfile::tempdir().unwrap();
     let nowhere = tempfile::tempdir().unwrap();
     let jailed = |pool_dir: &Path| {
@@ -171,10 +173,20 @@ fn a_jailed_run_says_why_it_starts_cold() {
         start_of(&o)
     );
     assert!(
-        start_of(&o).contains("cold start: the pool makes no σcontainer yet"),
+        start_of(&o).contains("cold start: the pool's zygotes are --no-jail"),
         "{}",
         start_of(&o)
     );
+    drop(pool);
+    let pool = Pool::start_with(&[], |_| {});
+    let o = jailed(pool.dir.path());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "ran\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(start_of(&o).contains("warm start"), "{}", start_of(&o));
 }
 
 #[test]
@@ -415,7 +427,7 @@ fn preloads_learned_from_runs_serve_later_runs() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("pool.log");
     let child = Command::new(BIN)
-        .arg("pool")
+        .args(["pool", "--no-jail"])
         .env("SIGMA_POOL_DIR", dir.path())
         .env("PYTHONPATH", site.path())
         .env("FLAKY_FAILS", "1")
@@ -527,7 +539,7 @@ fn the_everyday_corpus_runs_warm_as_bare() {
     // A warm proc is in the pool's session: the pool leads one of its own, as the corpus's
     // bare and cold runs do (see `corpus::As::command`), so getsid/getpgrp read alike wherever
     // the test runs (a session led from outside the test's pid namespace reads as 0).
-    let pool = Pool::start_with(&["--python", python.to_str().unwrap()], |c| {
+    let pool = Pool::start_with(&["--no-jail", "--python", python.to_str().unwrap()], |c| {
         c.env_remove("PYTHONPATH").env_remove("RUST_LOG");
         corpus::own_session(c);
     });
@@ -565,4 +577,26 @@ fn the_everyday_corpus_runs_warm_as_bare() {
         let (warm, warm_err) = run(&["--no-jail", "--warm"], dir);
         assert_eq!(warm, cold, "{prog} ({why}): {warm_err}\ncold: {cold_err}");
     }
+}
+
+#[test]
+fn the_everyday_corpus_runs_warm_and_jailed_as_bare() {
+    // Every corpus program bare and as a jailed warm proc (`--warm`: a run that could not be
+    // warm fails with one line, and differs): each forked by a zygote in its own σcontainer,
+    // completing its own (pid, network and mount namespaces, root, Landlock) as root.
+    let user = corpus::As::root();
+    let python = interp::python();
+    let pool = Pool::start_with(&["--python", python.to_str().unwrap()], |c| {
+        c.env_remove("PYTHONPATH").env_remove("RUST_LOG");
+        corpus::own_session(c);
+    });
+    let env = [("SIGMA_POOL_DIR", pool.dir.path().as_os_str())];
+    let diffs = corpus::differences_with(&user, &["--warm"], &env);
+    assert!(
+        diffs.is_empty(),
+        "{} of {} programs differ warm and jailed:\n{}",
+        diffs.len(),
+        corpus::corpus().len(),
+        diffs.join("\n")
+    );
 }

@@ -44,7 +44,8 @@ pub fn warm_or_cold(p: Prepared, sendmsg: bool, warm: bool) -> Result<(Child, St
         env: p._envp.iter().map(|a| a.as_bytes()).collect(),
         filter: p.filter.to_bytes(),
         fds: p.inherited.iter().map(|f| f.as_fd()).collect(),
-        unlike: [p.jail.is_some(), mounts, !p.passed.is_empty(), !sendmsg],
+        unlike: [mounts, !p.passed.is_empty(), !sendmsg],
+        jail: p.jail.as_ref(),
     };
     let (s, said) = pool::ask::ask(run, warm).map_err(anyhow::Error::from)?;
     let Some(s) = s else {
