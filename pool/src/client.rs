@@ -190,6 +190,7 @@ fn jailed(
         binds,
         writable,
         hides,
+        workdir: spec.workdir.as_deref().map(hex),
         landlock,
         tmp_size,
     };

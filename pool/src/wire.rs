@@ -184,6 +184,9 @@ pub struct SpawnJail {
     #[serde(default)]
     pub hides: Vec<String>,
     pub landlock: bool,
+    /// Where the proc starts (hex; `/` when the working directory is not shown).
+    #[serde(default)]
+    pub workdir: Option<String>,
     /// The private /tmp's size in bytes.
     pub tmp_size: u64,
 }

@@ -97,7 +97,9 @@ class _Jail:
         self.spares = []
         self.asked = 0
         self.inits = {}  # proc pid -> its I's pidfd
-        self.root = sorted(os.listdir("/"))
+        # Newest first, as tmpfs lists: the child makes them oldest first, so its / lists as
+        # the zygote's (and a cold proc's) does.
+        self.root = os.listdir("/")[::-1]
 
     def check(self, r, what):
         if r != 0:
@@ -211,6 +213,7 @@ class _Jail:
                 p = os.path.join(d, name)
                 t = T + p
                 if d == b"/" and name in (b"proc", b"tmp"):
+                    os.mkdir(t, 0o555)  # mounted below
                     continue
                 if p in needed and os.path.isdir(p) and not os.path.islink(p):
                     os.mkdir(t)
@@ -224,14 +227,12 @@ class _Jail:
                     os.close(os.open(t, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o444))
                     mount(p, t, None, self.MS_BIND)
         fill(b"/", [os.fsencode(n) for n in self.root])
-        os.mkdir(T + b"/proc", 0o555)
         mount(b"proc", T + b"/proc", b"proc", self.MS_NOSUID | self.MS_NODEV | self.MS_NOEXEC)
         for p in (b"/proc/sys", b"/proc/sysrq-trigger", b"/proc/irq", b"/proc/bus"):
             if os.path.exists(T + p):
                 mount(T + p, T + p, None, self.MS_BIND | self.MS_REC)
                 mount(None, T + p, None, self.MS_REMOUNT | self.MS_BIND | self.MS_RDONLY
                       | self.MS_NOSUID | self.MS_NODEV | self.MS_NOEXEC)
-        os.mkdir(T + b"/tmp")
         mount(b"tmpfs", T + b"/tmp", b"tmpfs", self.MS_NOSUID | self.MS_NODEV,
               b"mode=1777,size=%d" % int(j.get("tmp_size", 1 << 30)))
         if os.path.isdir(T + b"/dev/shm"):
@@ -578,7 +579,10 @@ def _zygote():
         conn.close()
         # The identity: umask, cwd, environ, argv, sys.path[0]; fresh random state.
         os.umask(req["umask"])
-        os.chdir(os.fsdecode(bytes.fromhex(req["cwd"])))
+        # A jailed proc starts where its cold jail would (the working directory, or / when it
+        # is not shown).
+        cwd = (req["jail"].get("workdir") or "2f") if jail is not None else req["cwd"]
+        os.chdir(os.fsdecode(bytes.fromhex(cwd)))
         os.environb.clear()
         for kv in req["env"]:
             k, _, v = bytes.fromhex(kv).partition(b"=")
