@@ -49,7 +49,8 @@ impl ViewKey {
             format!("{:?}", (&s.files, &s.symlinks, &s.dirs)),
             format!("{:?}", s.tmp_size),
             format!("{:?}", (&s.hostname, s.net)),
-            format!("{:?}", s.limits),
+            // The pids limit is each proc's own (RLIMIT_NPROC in a user namespace of its own).
+            format!("{:?}", (s.limits.memory, s.limits.cpus)),
             format!("{:?}", s.fd_files),
             format!("{:?}", s.dev_tty),
         ];
@@ -89,7 +90,7 @@ pub const PARTS: [&str; 7] = [
     "the generated files",
     "the size of /tmp",
     "the network",
-    "the limits",
+    "the memory or CPU limit",
     "the files passed by descriptor",
     "a terminal",
 ];

@@ -23,6 +23,8 @@ pub struct Run<'a> {
     pub unlike: [bool; 3],
     /// The run's σcontainer, as its cold start would build it (a jailed run).
     pub jail: Option<&'a jail::JailSpec>,
+    /// The run's profile (`--profile`).
+    pub profile: &'a str,
 }
 
 /// Why a run is [`Run::unlike`] a warm one.
@@ -92,6 +94,7 @@ fn start(run: Run<'_>, required: bool) -> Result<Result<Started, (String, bool)>
         filter: run.filter,
         fds: run.fds,
         jail: run.jail,
+        profile: run.profile,
     };
     Ok(match client::start(&req) {
         Ok(Outcome::Warm(s)) => Ok(s),

@@ -56,6 +56,11 @@ pub struct PoolArgs {
     #[arg(long)]
     pub no_jail: bool,
 
+    /// The profile of the runs the jailed zygotes serve (a zygote's filter is its procs'
+    /// profile's, plus the calls that complete their jails); runs with another go cold.
+    #[arg(long, value_name = "NAME|FILE", default_value = "sigmaos")]
+    pub profile: String,
+
     /// Show the running pool's zygotes (pid, interpreter, preloads, learned or given, forks,
     /// age) and what it has learned.
     #[arg(long, conflicts_with = "stop")]
@@ -135,7 +140,7 @@ pub fn main(args: &PoolArgs) -> u8 {
                 })
                 .collect(),
             recycle_after_forks: args.recycle_after_forks,
-            jail: !args.no_jail,
+            jail: (!args.no_jail).then(|| args.profile.clone()),
             recycle_after: std::time::Duration::from_secs(args.recycle_after_secs),
             learn: crate::learn::LearnOpts {
                 enabled: args.learn_preloads == "on",

@@ -53,6 +53,8 @@ pub struct WarmRequest<'a> {
     pub fds: Vec<BorrowedFd<'a>>,
     /// The run's σcontainer (a jailed run), as a cold start would build it.
     pub jail: Option<&'a jail::JailSpec>,
+    /// The run's profile (a jailed zygote's filter must be that profile's).
+    pub profile: &'a str,
 }
 
 /// A proc forked by a zygote, waiting for [`Started::go`].
@@ -84,6 +86,7 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
         imports: req.imports.clone(),
         startup: req.startup.clone(),
         view: req.jail.map(jail::warm::ViewKey::of),
+        profile: req.jail.map(|_| req.profile.to_owned()),
     };
     wire::send(conn.as_fd(), &run, &[])?;
     let (zygote, view) = match wire::recv::<wire::Answer>(conn.as_fd())? {
@@ -191,6 +194,7 @@ fn jailed(
         writable,
         hides,
         workdir: spec.workdir.as_deref().map(hex),
+        pids: spec.limits.pids,
         landlock,
         tmp_size,
     };

@@ -41,8 +41,9 @@ pub struct PoolOpts {
     pub recycle_after: Duration,
     /// Preloads learned from runs.
     pub learn: LearnOpts,
-    /// Zygotes in a σcontainer each, for jailed runs (the default); else for `--no-jail` runs.
-    pub jail: bool,
+    /// Zygotes in a σcontainer each, for jailed runs with this profile (the default); else
+    /// (`None`) zygotes for `--no-jail` runs.
+    pub jail: Option<String>,
 }
 
 /// At most this many import names in one request (a longer list takes the cold path).
@@ -92,8 +93,8 @@ fn listen_on(path: &Path) -> Result<OwnedFd, PoolError> {
 
 struct Pool {
     python: PathBuf,
-    /// Its zygotes are jailed ([`PoolOpts::jail`]).
-    jailed: bool,
+    /// Its zygotes are jailed, with this profile ([`PoolOpts::jail`]).
+    profile: Option<String>,
     /// The serving zygotes, one per preload set.
     zygotes: Vec<Zygote>,
     /// Replacements being started: (the slot in `zygotes`, the new zygote); a learned zygote
@@ -130,7 +131,12 @@ impl Pool {
             let z = &self.zygotes[i];
             let due = z.forks >= self.recycle_after_forks || z.born.elapsed() >= self.recycle_after;
             if due && retry && !self.coming.iter().any(|(slot, _)| *slot == Some(i)) {
-                match Zygote::spawn(z.python.clone(), z.preloads.clone(), z.learned, z.jailed) {
+                match Zygote::spawn(
+                    z.python.clone(),
+                    z.preloads.clone(),
+                    z.learned,
+                    z.profile.clone(),
+                ) {
                     Ok(new) => self.coming.push((Some(i), new)),
                     Err(e) => {
                         tracing::warn!("pool: recycling {}: {e}", z.describe());
@@ -203,7 +209,7 @@ impl Pool {
                 return;
             }
         }
-        match Zygote::spawn(self.python.clone(), set, true, self.jailed) {
+        match Zygote::spawn(self.python.clone(), set, true, self.profile.clone()) {
             Ok(z) => {
                 eprintln!(
                     "sigma-supervise pool: learned preloads [{}]: starting a zygote",
@@ -327,8 +333,10 @@ impl Pool {
                 imports,
                 startup,
                 view,
+                profile,
             } => {
-                self.run(conn.as_fd(), &python, &imports, &startup, view.as_ref())?;
+                let (view, profile) = (view.as_ref(), profile.as_deref());
+                self.run(conn.as_fd(), &python, &imports, &startup, view, profile)?;
                 Ok(false)
             }
         }
@@ -341,6 +349,7 @@ impl Pool {
         imports: &[String],
         startup: &[String],
         view: Option<&jail::warm::ViewKey>,
+        profile: Option<&str>,
     ) -> Result<(), PoolError> {
         let cold = |why: String| wire::send(conn, &wire::Answer::Cold { why }, &[]);
         // The names come from the client: refused unless each is a plain module name.
@@ -357,18 +366,25 @@ impl Pool {
         let fits = |z: &Zygote| match (&z.view, view) {
             (None, None) => true,
             (Some(zv), Some(rv)) => {
-                zv.rest == rv.rest && zv.binds.iter().all(|b| rv.binds.contains(b))
+                z.profile.as_deref() == profile
+                    && zv.differs(rv).is_none()
+                    && zv.binds.iter().all(|b| rv.binds.contains(b))
             }
             _ => false,
         };
         if !self.zygotes.iter().any(fits) {
-            return cold(match (self.jailed, view) {
+            let jailed = self.profile.is_some();
+            return cold(match (jailed, view) {
                 (true, None) => {
                     "the pool's zygotes are jailed (`pool --no-jail` serves --no-jail runs)".into()
                 }
                 (false, Some(_)) => {
                     "the pool's zygotes are --no-jail (a pool without it serves jailed runs)".into()
                 }
+                (_, Some(_)) if self.profile.as_deref() != profile => format!(
+                    "the pool's zygotes run the profile {} (`pool --profile`)",
+                    self.profile.as_deref().unwrap_or_default()
+                ),
                 (_, Some(rv)) => match self
                     .zygotes
                     .iter()
@@ -402,7 +418,7 @@ impl Pool {
             let why = format!("the zygote {} is gone (restarted)", z.describe());
             cold(why)?;
             let (python, preloads, learned) = (z.python.clone(), z.preloads.clone(), z.learned);
-            self.zygotes[i] = Zygote::start(python, preloads, learned, self.jailed)?;
+            self.zygotes[i] = Zygote::start(python, preloads, learned, self.profile.clone())?;
             return Ok(());
         }
         wire::send(
@@ -422,13 +438,18 @@ pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
     own_dir(&crate::socket_dir())?;
     let path = crate::socket_path();
     let listener = listen_on(&path)?;
-    let mut zygotes = vec![Zygote::start(python.clone(), Vec::new(), false, opts.jail)?];
+    let mut zygotes = vec![Zygote::start(
+        python.clone(),
+        Vec::new(),
+        false,
+        opts.jail.clone(),
+    )?];
     for set in &opts.preloads {
         zygotes.push(Zygote::start(
             python.clone(),
             set.clone(),
             false,
-            opts.jail,
+            opts.jail.clone(),
         )?);
     }
     for z in &zygotes {
@@ -440,7 +461,7 @@ pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
         path.display()
     );
     let mut pool = Pool {
-        jailed: opts.jail,
+        profile: opts.jail.clone(),
         python,
         zygotes,
         coming: Vec::new(),

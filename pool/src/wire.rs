@@ -123,6 +123,9 @@ pub enum Request {
         /// A jailed run's view: only a jailed zygote whose view it completes serves it.
         #[serde(default)]
         view: Option<jail::warm::ViewKey>,
+        /// A jailed run's profile: its zygote's filter must be that profile's.
+        #[serde(default)]
+        profile: Option<String>,
     },
     Status,
     Stop,
@@ -187,6 +190,9 @@ pub struct SpawnJail {
     /// Where the proc starts (hex; `/` when the working directory is not shown).
     #[serde(default)]
     pub workdir: Option<String>,
+    /// Most processes the proc may have (RLIMIT_NPROC in its own user namespace).
+    #[serde(default)]
+    pub pids: Option<u64>,
     /// The private /tmp's size in bytes.
     pub tmp_size: u64,
 }

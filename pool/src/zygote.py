@@ -273,6 +273,20 @@ class _Jail:
         os.chdir("/")
         mount(None, b"/", None, self.MS_REMOUNT | self.MS_BIND | self.MS_RDONLY
               | self.MS_NOSUID | self.MS_NODEV)
+        # A user namespace of its own (its ids mapped to themselves): its process count is its
+        # own, not shared with its siblings, and bounded by the run's limit.
+        uid, gid = os.geteuid(), os.getegid()
+        self.check(libc.unshare(self.NEWUSER), "a user namespace of the proc's own")
+        for f, data in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)),
+                        ("gid_map", "%d %d 1" % (gid, gid))):
+            fd = os.open("/proc/self/" + f, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, data.encode())
+            finally:
+                os.close(fd)
+        if j.get("pids"):
+            import resource
+            resource.setrlimit(resource.RLIMIT_NPROC, (j["pids"], j["pids"]))
         # No capability left, none to regain (securebits locked), no new privileges.
         self.check(libc.prctl(28, 0xEF, 0, 0, 0), "securebits")
         for cap in range(64):
@@ -650,10 +664,35 @@ def _zygote():
     gc.collect()
     gc.freeze()
     ctl.send(b"ready")
-    while True:
+    import select
+
+    def client_gone():
+        # A proc does not outlive its client (its supervisor): the read end of the report
+        # pipe closes with the client, and the write end we hold then polls POLLERR.
+        watch = select.poll()
+        watch.register(ctl, select.POLLIN)
+        by_fd = {fd: pid for pid, fd in ended.items()}
+        for fd in by_fd:
+            watch.register(fd, 0)
         try:
-            said, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 1)
+            ready = watch.poll()
         except InterruptedError:
+            return
+        for fd, ev in ready:
+            pid = by_fd.get(fd)
+            if pid is not None and ev & (select.POLLERR | select.POLLHUP):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                if jail is not None:
+                    jail.ended(pid)  # and what it left running
+
+    while True:
+        client_gone()
+        try:
+            said, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 1, socket.MSG_DONTWAIT)
+        except (InterruptedError, BlockingIOError):
             continue
         try:
             hand = json.loads(said) if fds else {}

@@ -38,6 +38,8 @@ pub struct Zygote {
     /// view it said before "ready"; its procs complete their own jails.
     pub jailed: bool,
     pub view: Option<jail::warm::ViewKey>,
+    /// A jailed zygote's profile (its filter is that profile's, plus its own calls).
+    pub profile: Option<String>,
     ctl: OwnedFd,
     child: Child,
 }
@@ -48,9 +50,9 @@ impl Zygote {
         python: PathBuf,
         preloads: Vec<String>,
         learned: bool,
-        jailed: bool,
+        profile: Option<String>,
     ) -> Result<Zygote, PoolError> {
-        let mut z = Zygote::spawn(python, preloads, learned, jailed)?;
+        let mut z = Zygote::spawn(python, preloads, learned, profile)?;
         loop {
             let said = wire::recv_raw(z.ctl.as_fd())?;
             match z.heard(said)? {
@@ -161,8 +163,9 @@ impl Zygote {
         python: PathBuf,
         preloads: Vec<String>,
         learned: bool,
-        jailed: bool,
+        profile: Option<String>,
     ) -> Result<Zygote, PoolError> {
+        let jailed = profile.is_some();
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -190,7 +193,9 @@ impl Zygote {
                 let exe = std::env::current_exe()
                     .map_err(|e| PoolError::Setup(format!("this program's path: {e}")))?;
                 let mut c = Command::new(exe);
-                c.args(["--zygote-ctl", &ctl, "--"]).arg(&python);
+                let profile = profile.as_deref().unwrap_or_default();
+                c.args(["--zygote-ctl", &ctl, "--profile", profile, "--"])
+                    .arg(&python);
                 c
             }
             false => Command::new(&python),
@@ -240,6 +245,7 @@ impl Zygote {
             failed: None,
             jailed,
             view: None,
+            profile,
             ctl: ours,
             child,
         })

@@ -126,6 +126,7 @@ fn client_role() -> ExitCode {
         filter: filter(),
         fds: Vec::new(),
         jail: None,
+        profile: "sigmaos",
     };
     let s = match pool::client::start(&req) {
         Ok(pool::client::Outcome::Warm(s)) => s,

@@ -27,6 +27,10 @@ fn trace_hint(f: Failure, cli: &Cli) -> Failure {
     f
 }
 
+/// The processes a pool's zygote and all its procs may have together (each proc has the
+/// run's own `--pids` in a user namespace of its own).
+const ZYGOTE_PIDS: u64 = 1 << 16;
+
 /// One run of PROGRAM under the supervisor, as `cli` asks (and, in trampoline mode, its
 /// `plan`): how it ended.
 pub fn run(mut cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::init::Ended, Failure> {
@@ -37,6 +41,8 @@ pub fn run(mut cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::ini
         cli.jail.cwd = container::CwdArg::None;
         cli.jail.no_landlock = true;
         cli.sigma.sigma = Some(sigma_api::SigmaMode::Off);
+        // Its procs' limit is each one's own (see the pool's zygote.py); this one bounds them all.
+        cli.jail.pids = ZYGOTE_PIDS;
         cli.pass_fd.push(n);
     }
     // Trampoline mode: the proc's binary, read from binfs into a memfd.
@@ -189,7 +195,7 @@ pub fn run(mut cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::ini
             return supervisor::wait_unheard(child, cli.grace, sigma_api::evict);
         }
         (Some(_), None) => return Err(anyhow::anyhow!("--zygote-ctl needs the jail").into()),
-        (None, _) => spawn::warm_or_cold(prepared, sendmsg_allowed, cli.warm)?,
+        (None, _) => spawn::warm_or_cold(prepared, sendmsg_allowed, cli.warm, &cli.profile)?,
     };
     api.jail_built();
     if let Some(r) = &realm {

@@ -2,6 +2,10 @@
 //! inside the σcontainer, under both builtin profiles, started by root and by an unprivileged
 //! user; every test judges from outside that the attack's effect did not happen — the file is
 //! unchanged, the decoy process alive and unstopped, the secret never printed.
+//!
+//! With `SIGMA_ESCAPE_WARM=1` every attack runs as a warm proc instead (`--warm`): forked by
+//! a jailed zygote of a pool of the starter's own (root's, nobody's), completing its own
+//! σcontainer, without `-I` (an interpreter option keeps a run cold).
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -35,6 +39,64 @@ fn shared() -> &'static (PathBuf, PathBuf) {
         .unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
         (bin, script)
+    })
+}
+
+/// Whether the attacks run as warm procs (`SIGMA_ESCAPE_WARM=1`).
+fn warm() -> bool {
+    std::env::var_os("SIGMA_ESCAPE_WARM").is_some_and(|v| v == "1")
+}
+
+/// The socket directory of the pool for `ctx`'s runs (root's or nobody's, its profile),
+/// started on first use: `sigma-supervise pool --python /usr/bin/python3 --profile P` as that
+/// user, ended once this test process is gone.
+fn pool_dir(ctx: Ctx) -> &'static Path {
+    static POOLS: [OnceLock<PathBuf>; 4] = [const { OnceLock::new() }; 4];
+    let profile = PROFILES.iter().position(|p| *p == ctx.profile).unwrap();
+    let unprivileged = ctx.unprivileged;
+    let i = usize::from(unprivileged) * 2 + profile;
+    POOLS[i].get_or_init(|| {
+        let (bin, _) = shared();
+        let dir =
+            std::env::temp_dir().join(format!("sigma-escape-pool.{}.{i}", std::process::id(),));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let home = dir.join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        if unprivileged {
+            for d in [&dir, &home] {
+                nix::unistd::chown(d.as_path(), Some(NOBODY.into()), Some(NOBODY.into())).unwrap();
+            }
+        }
+        let watch = format!(
+            "\"$0\" pool --python /usr/bin/python3 --profile {} & p=$!; \
+             while [ -d /proc/{} ] && kill -0 $p 2>/dev/null; do sleep 0.5; done; kill $p",
+            ctx.profile,
+            std::process::id()
+        );
+        let mut c = Command::new("setpriv");
+        if unprivileged {
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        }
+        // Not waited for: the watcher ends it once this process is gone.
+        #[allow(clippy::zombie_processes)]
+        c.args(["--", "sh", "-c", &watch])
+            .arg(bin)
+            .current_dir(&home)
+            .env("HOME", &home)
+            .env("SIGMA_POOL_DIR", &dir)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(60);
+        while !dir.join("pool.sock").exists() {
+            assert!(Instant::now() < until, "the pool did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        dir
     })
 }
 
@@ -123,11 +185,15 @@ impl Ctx {
             .env_remove("XDG_CACHE_HOME")
             .env("AWS_SECRET_ACCESS_KEY", SECRET)
             .args(["--profile", self.profile])
-            .args(extra)
-            .args(["/usr/bin/python3", "-I"])
-            .arg(script)
-            .args(attack)
-            .stdin(Stdio::null());
+            .args(extra);
+        // A run with a terminal on its stdio starts cold (its jail has /dev/tty; a zygote's not).
+        if warm() && attack != ["tiocsti"] {
+            c.env("SIGMA_POOL_DIR", pool_dir(self))
+                .args(["--warm", "/usr/bin/python3"]);
+        } else {
+            c.args(["/usr/bin/python3", "-I"]);
+        }
+        c.arg(script).args(attack).stdin(Stdio::null());
         c
     }
 

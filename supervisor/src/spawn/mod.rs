@@ -37,7 +37,12 @@ pub fn spawn(mut p: Prepared) -> Result<Child, Failure> {
 
 /// The proc from a pool's zygote if sigma-pool finds the run may be warm (`warm`: it must),
 /// else [`spawn`]; and the start it took, for `--stats`.
-pub fn warm_or_cold(p: Prepared, sendmsg: bool, warm: bool) -> Result<(Child, String), Failure> {
+pub fn warm_or_cold(
+    p: Prepared,
+    sendmsg: bool,
+    warm: bool,
+    profile: &str,
+) -> Result<(Child, String), Failure> {
     let mounts = !(p.hides.is_empty() && p.binds.is_empty() && p.denies.is_empty());
     let run = pool::ask::Run {
         argv: p._argv.iter().map(|a| a.as_bytes()).collect(),
@@ -46,6 +51,7 @@ pub fn warm_or_cold(p: Prepared, sendmsg: bool, warm: bool) -> Result<(Child, St
         fds: p.inherited.iter().map(|f| f.as_fd()).collect(),
         unlike: [mounts, !p.passed.is_empty(), !sendmsg],
         jail: p.jail.as_ref(),
+        profile,
     };
     let (s, said) = pool::ask::ask(run, warm).map_err(anyhow::Error::from)?;
     let Some(s) = s else {
