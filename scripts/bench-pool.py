@@ -3,15 +3,16 @@
 turn, round after round (each round starting one variant later), and the medians compared.
 
 Variants: bare `python3 ...`; `sigma-supervise --no-jail python3 ...` cold (no pool: the
-supervisor builds the proc); the same warm (`--warm`: forked by a running pool's zygote); and
-the jailed cold start for reference. Workloads: `python3 -c pass`, and `python3 -c 'import
+supervisor builds the proc); the same warm (`--warm`: forked by a running `pool --no-jail`'s
+zygote); the jailed cold start; and the jailed warm start (forked by a jailed zygote of a
+second pool, each proc completing its own σcontainer). Workloads: `python3 -c pass`, and `python3 -c 'import
 numpy'` when numpy can be imported (installed, or a wheel unpacked with --numpy-wheel; the pool
 then keeps a zygote that preloaded it).
 
     python3 scripts/bench-pool.py -n 40
     python3 scripts/bench-pool.py -n 40 --numpy-wheel ~/.cache/sigma-ci/wheels/numpy__2.1.3/numpy-*.whl
 
---throughput: starts per core per second instead, each variant (bare, cold --no-jail, warm)
+--throughput: starts per core per second instead, each variant (bare, cold, warm; jailed or not)
 running `python3 -c pass` --runs times from --clients concurrent clients (64: the issue's
 count), the variants in turn round after round; the medians of the rounds' rates.
 
@@ -145,13 +146,18 @@ def main() -> None:
     pool_dir = tempfile.mkdtemp(prefix="bench-pool-sock.")
     env["SIGMA_POOL_DIR"] = pool_dir
     no_pool = dict(env, SIGMA_POOL_DIR=tempfile.mkdtemp(prefix="bench-pool-none."))
-    pool_cmd = [sup, "pool", "--python", py] + (["--preload", "numpy"] if has_numpy else [])
+    preload = ["--preload", "numpy"] if has_numpy else []
+    pool_cmd = [sup, "pool", "--no-jail", "--python", py] + preload
     if args.learning:
-        pool_cmd = [sup, "pool", "--python", py, "--learn-preloads=off"]
+        pool_cmd = [sup, "pool", "--no-jail", "--python", py, "--learn-preloads=off"]
     pool = start_pool(pool_cmd, env)
+    jailed = dict(env, SIGMA_POOL_DIR=tempfile.mkdtemp(prefix="bench-pool-jailed."))
+    jailed_pool = None
+    if not args.learning:
+        jailed_pool = start_pool([sup, "pool", "--python", py] + binds + preload, jailed)
     if args.learning:
         learning = dict(env, SIGMA_POOL_DIR=tempfile.mkdtemp(prefix="bench-pool-learn."))
-        learner = start_pool([sup, "pool", "--python", py], learning)
+        learner = start_pool([sup, "pool", "--no-jail", "--python", py], learning)
         try:
             learning_costs(sup, py, env, learning, args.n)
         finally:
@@ -171,6 +177,8 @@ def main() -> None:
                 "bare": (cmd, env),
                 "sigma-supervise --no-jail (cold)": ([sup, "--no-jail"] + cmd, no_pool),
                 "sigma-supervise --no-jail --warm": ([sup, "--no-jail", "--warm"] + cmd, env),
+                "sigma-supervise (jailed, cold)": ([sup] + cmd, no_pool),
+                "sigma-supervise --warm (jailed)": ([sup, "--warm"] + cmd, jailed),
             }, args.n, args.runs, args.clients)
             return
         for name, cmd in workloads.items():
@@ -179,13 +187,16 @@ def main() -> None:
                 "sigma-supervise --no-jail (cold)": ([sup, "--no-jail"] + cmd, no_pool),
                 "sigma-supervise --no-jail --warm": ([sup, "--no-jail", "--warm"] + cmd, env),
                 "sigma-supervise (jailed, cold)": ([sup] + binds + cmd, no_pool),
+                "sigma-supervise --warm (jailed)": ([sup, "--warm"] + binds + cmd, jailed),
             }
             for c, e in variants.values():  # warm-up
                 timed(c, e)
             side_by_side(cmd, variants, args.n, "sigma-supervise --no-jail (cold)", "÷ cold --no-jail")
     finally:
-        subprocess.run([sup, "pool", "--stop"], env=env, stderr=subprocess.DEVNULL)
-        pool.wait(timeout=10)
+        for e, p in ((env, pool), (jailed, jailed_pool)):
+            if p is not None:
+                subprocess.run([sup, "pool", "--stop"], env=e, stderr=subprocess.DEVNULL)
+                p.wait(timeout=10)
 
 
 main()

@@ -61,6 +61,12 @@ pub struct PoolArgs {
     #[arg(long, value_name = "NAME|FILE", default_value = "sigmaos")]
     pub profile: String,
 
+    /// Show SRC (read-only, at its own path) in every jailed zygote's view, as `--bind SRC`
+    /// does for a run: a preload's directory outside the interpreter's prefix. Runs are served
+    /// when they name the same binds. Repeatable.
+    #[arg(long, value_name = "SRC")]
+    pub bind: Vec<String>,
+
     /// Show the running pool's zygotes (pid, interpreter, preloads, learned or given, forks,
     /// age) and what it has learned.
     #[arg(long, conflicts_with = "stop")]
@@ -140,7 +146,10 @@ pub fn main(args: &PoolArgs) -> u8 {
                 })
                 .collect(),
             recycle_after_forks: args.recycle_after_forks,
-            jail: (!args.no_jail).then(|| args.profile.clone()),
+            jail: (!args.no_jail).then(|| crate::zygote::Jailed {
+                profile: args.profile.clone(),
+                binds: args.bind.clone(),
+            }),
             recycle_after: std::time::Duration::from_secs(args.recycle_after_secs),
             learn: crate::learn::LearnOpts {
                 enabled: args.learn_preloads == "on",

@@ -54,7 +54,7 @@ pub mod client;
 pub mod learn;
 pub mod server;
 pub mod wire;
-mod zygote;
+pub mod zygote;
 
 use std::path::PathBuf;
 

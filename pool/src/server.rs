@@ -16,7 +16,7 @@
 #![forbid(unsafe_code)]
 
 use crate::learn::{valid_name, LearnOpts, Learner};
-use crate::zygote::Zygote;
+use crate::zygote::{Jailed, Zygote};
 use crate::{choose, wire, PoolError};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
@@ -43,7 +43,7 @@ pub struct PoolOpts {
     pub learn: LearnOpts,
     /// Zygotes in a σcontainer each, for jailed runs with this profile (the default); else
     /// (`None`) zygotes for `--no-jail` runs.
-    pub jail: Option<String>,
+    pub jail: Option<Jailed>,
 }
 
 /// At most this many import names in one request (a longer list takes the cold path).
@@ -93,8 +93,8 @@ fn listen_on(path: &Path) -> Result<OwnedFd, PoolError> {
 
 struct Pool {
     python: PathBuf,
-    /// Its zygotes are jailed, with this profile ([`PoolOpts::jail`]).
-    profile: Option<String>,
+    /// Its zygotes are jailed, so ([`PoolOpts::jail`]).
+    jail: Option<Jailed>,
     /// The serving zygotes, one per preload set.
     zygotes: Vec<Zygote>,
     /// Replacements being started: (the slot in `zygotes`, the new zygote); a learned zygote
@@ -135,7 +135,7 @@ impl Pool {
                     z.python.clone(),
                     z.preloads.clone(),
                     z.learned,
-                    z.profile.clone(),
+                    z.jail.clone(),
                 ) {
                     Ok(new) => self.coming.push((Some(i), new)),
                     Err(e) => {
@@ -209,7 +209,7 @@ impl Pool {
                 return;
             }
         }
-        match Zygote::spawn(self.python.clone(), set, true, self.profile.clone()) {
+        match Zygote::spawn(self.python.clone(), set, true, self.jail.clone()) {
             Ok(z) => {
                 eprintln!(
                     "sigma-supervise pool: learned preloads [{}]: starting a zygote",
@@ -366,14 +366,15 @@ impl Pool {
         let fits = |z: &Zygote| match (&z.view, view) {
             (None, None) => true,
             (Some(zv), Some(rv)) => {
-                z.profile.as_deref() == profile
+                z.jail.as_ref().map(|j| j.profile.as_str()) == profile
                     && zv.differs(rv).is_none()
                     && zv.binds.iter().all(|b| rv.binds.contains(b))
             }
             _ => false,
         };
         if !self.zygotes.iter().any(fits) {
-            let jailed = self.profile.is_some();
+            let jailed = self.jail.is_some();
+            let ours = self.jail.as_ref().map(|j| j.profile.as_str());
             return cold(match (jailed, view) {
                 (true, None) => {
                     "the pool's zygotes are jailed (`pool --no-jail` serves --no-jail runs)".into()
@@ -381,9 +382,9 @@ impl Pool {
                 (false, Some(_)) => {
                     "the pool's zygotes are --no-jail (a pool without it serves jailed runs)".into()
                 }
-                (_, Some(_)) if self.profile.as_deref() != profile => format!(
+                (_, Some(_)) if ours != profile => format!(
                     "the pool's zygotes run the profile {} (`pool --profile`)",
-                    self.profile.as_deref().unwrap_or_default()
+                    ours.unwrap_or_default()
                 ),
                 (_, Some(rv)) => match self
                     .zygotes
@@ -418,7 +419,7 @@ impl Pool {
             let why = format!("the zygote {} is gone (restarted)", z.describe());
             cold(why)?;
             let (python, preloads, learned) = (z.python.clone(), z.preloads.clone(), z.learned);
-            self.zygotes[i] = Zygote::start(python, preloads, learned, self.profile.clone())?;
+            self.zygotes[i] = Zygote::start(python, preloads, learned, self.jail.clone())?;
             return Ok(());
         }
         wire::send(
@@ -461,7 +462,7 @@ pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
         path.display()
     );
     let mut pool = Pool {
-        profile: opts.jail.clone(),
+        jail: opts.jail.clone(),
         python,
         zygotes,
         coming: Vec::new(),

@@ -374,7 +374,7 @@ def _zygote():
             __import__("os")._exit(4)
     sys.path[:0] = [p for p in first if not p]
     keep = set(sys.modules)
-    import os, gc, json, signal, socket, ctypes, threading, io, fcntl, resource, mmap
+    import os, gc, json, signal, socket, ctypes, threading, io, fcntl, resource, mmap, time
     own_dirs = {os.path.abspath(p) for p in own}
     pages = {}  # child pid -> the page it writes its imported names to
 
@@ -539,11 +539,21 @@ def _zygote():
         t.mode = mode
         return t
 
+    timeline = os.environ.get("SIGMA_SUPERVISE_TIMELINE")
+
+    def mark(fd, label):
+        # As the supervisor's own marks (jail::mark), on the client's stderr.
+        if timeline:
+            t = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+            os.write(fd, b"timeline %d %s %d\n" % (os.getpid(), label, t))
+
     def child(conn, req, fds, hand, page, init):
+        mark(fds[2], b"forked")
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         if jail is not None:
             try:
                 jail.complete(req["jail"], fds[4 + len(req["fds"]):], init)
+                mark(fds[2], b"jail-completed")
             except (OSError, KeyError, ValueError, TypeError) as e:
                 conn.send(json.dumps({"error": "completing the proc's σcontainer: %s" % e}).encode())
                 os._exit(125)
@@ -584,6 +594,7 @@ def _zygote():
         if listener < 0:
             conn.send(json.dumps({"error": "installing the seccomp filter", "errno": -listener}).encode())
             os._exit(125)
+        mark(2, b"filter")
         socket.send_fds(conn, [json.dumps({"pid": os.getpid()}).encode()], [pidfd, listener])
         os.close(listener)
         os.close(pidfd)
@@ -627,14 +638,15 @@ def _zygote():
         excluded = {os.path.abspath(sys.path[0] or "."), os.path.abspath(".")}
         imports = hand.get("imports", [])
         gc.enable()
+        mark(2, b"run")
         try:
             try:
                 exec(code, g)
             finally:
                 if page is not None:
                     record(page, imports, excluded)
-        except SystemExit:
-            raise
+        except SystemExit as e:
+            leave(exit_status(e))
         except BaseException as e:
             # Reported as the interpreter reports it, without this frame.
             e.__traceback__ = e.__traceback__.tb_next
@@ -653,8 +665,46 @@ def _zygote():
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
                 os.kill(os.getpid(), signal.SIGINT)
-            raise SystemExit(1)
-        raise SystemExit(0)
+            leave(1)
+        leave(0)
+
+    def exit_status(e):
+        # As the interpreter maps a SystemExit that ends it.
+        if e.code is None:
+            return 0
+        if isinstance(e.code, int):
+            return e.code & 0xFF
+        try:
+            print(e.code, file=sys.stderr)
+        except BaseException:
+            pass
+        return 1
+
+    def leave(status):
+        # As the interpreter ends, without tearing down the heap the proc shares with its
+        # zygote (finalising it would touch, and so copy, every page of it): threads joined,
+        # atexit run, every file the program left open flushed (as their finalisation would),
+        # stdout and stderr flushed (120 if stdout cannot be); then _exit.
+        try:
+            if "threading" in sys.modules:
+                sys.modules["threading"]._shutdown()
+            __import__("atexit")._run_exitfuncs()
+            buffered = (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)
+            for o in gc.get_objects():  # the program's own: the zygote's heap is frozen
+                if isinstance(o, buffered) and o not in (sys.stdout, sys.stderr):
+                    try:
+                        o.flush()
+                    except BaseException:
+                        pass
+        except BaseException:
+            pass
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except BaseException:
+                if f is sys.stdout:
+                    status = 120
+        os._exit(status)
 
     if threading.active_count() != 1:
         print("zygote: a preload started a thread; not forking", file=sys.stderr)
@@ -723,6 +773,7 @@ def _zygote():
                 os.close(fd)
             conn.close()
             continue
+        mark(cfds[2], b"request")
         page = mmap.mmap(-1, 4096) if hand.get("learn") else None
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
         try:

@@ -20,6 +20,14 @@ use std::time::Instant;
 
 const SOURCE: &str = include_str!("zygote.py");
 
+/// How a jailed zygote is started (`sigma-supervise --zygote-ctl`): the profile of the runs it
+/// serves, and the read-only binds its view adds (`pool --bind`; the runs name them too).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Jailed {
+    pub profile: String,
+    pub binds: Vec<String>,
+}
+
 pub struct Zygote {
     pub python: PathBuf,
     pub preloads: Vec<String>,
@@ -38,8 +46,8 @@ pub struct Zygote {
     /// view it said before "ready"; its procs complete their own jails.
     pub jailed: bool,
     pub view: Option<jail::warm::ViewKey>,
-    /// A jailed zygote's profile (its filter is that profile's, plus its own calls).
-    pub profile: Option<String>,
+    /// How a jailed zygote was started.
+    pub jail: Option<Jailed>,
     ctl: OwnedFd,
     child: Child,
 }
@@ -50,9 +58,9 @@ impl Zygote {
         python: PathBuf,
         preloads: Vec<String>,
         learned: bool,
-        profile: Option<String>,
+        jail: Option<Jailed>,
     ) -> Result<Zygote, PoolError> {
-        let mut z = Zygote::spawn(python, preloads, learned, profile)?;
+        let mut z = Zygote::spawn(python, preloads, learned, jail)?;
         loop {
             let said = wire::recv_raw(z.ctl.as_fd())?;
             match z.heard(said)? {
@@ -163,9 +171,9 @@ impl Zygote {
         python: PathBuf,
         preloads: Vec<String>,
         learned: bool,
-        profile: Option<String>,
+        jail: Option<Jailed>,
     ) -> Result<Zygote, PoolError> {
-        let jailed = profile.is_some();
+        let jailed = jail.is_some();
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -193,9 +201,12 @@ impl Zygote {
                 let exe = std::env::current_exe()
                     .map_err(|e| PoolError::Setup(format!("this program's path: {e}")))?;
                 let mut c = Command::new(exe);
-                let profile = profile.as_deref().unwrap_or_default();
-                c.args(["--zygote-ctl", &ctl, "--profile", profile, "--"])
-                    .arg(&python);
+                let j = jail.as_ref().expect("jailed");
+                c.args(["--zygote-ctl", &ctl, "--profile", &j.profile]);
+                for b in &j.binds {
+                    c.args(["--bind", b]);
+                }
+                c.arg("--").arg(&python);
                 c
             }
             false => Command::new(&python),
@@ -245,7 +256,7 @@ impl Zygote {
             failed: None,
             jailed,
             view: None,
-            profile,
+            jail,
             ctl: ours,
             child,
         })
