@@ -45,11 +45,11 @@ PROJECT = tempfile.TemporaryDirectory(prefix="bench-pool.")
 
 def timed(cmd: list[str], env: dict) -> float:
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=PROJECT.name,
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=PROJECT.name,
                        env=env)
     dt = time.perf_counter() - t0
     if r.returncode != 0:
-        sys.exit(f"bench-pool: {' '.join(cmd)} exited {r.returncode}")
+        sys.exit(f"bench-pool: {' '.join(cmd)} exited {r.returncode}: {r.stderr.decode()[-400:]}")
     return dt
 
 

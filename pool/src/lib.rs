@@ -20,6 +20,18 @@
 //!   ◀── report pipe: how the proc ended (two bytes) ◀── zygote reaps it
 //! ```
 //!
+//! Jailed zygotes (the default; `pool --no-jail` keeps unjailed ones for `--no-jail` runs):
+//! each zygote is started by this very program as a proc of its own σcontainer
+//! (`sigma-supervise --zygote-ctl FD`: a cold proc's jail less the run's own binds, without
+//! Landlock, its filter the profile's with nothing notified plus what completes a child's
+//! jail, its listener closed so that each child may have one), and says its view
+//! ([`jail::warm::ViewKey`]) before "ready". A jailed run is sent to it only when its own view
+//! is that plus binds; the client clones those binds (`jail::warm::request_trees`) and sends
+//! them with the Spawn. The forked child joins a pid/network/IPC/UTS namespace made ahead,
+//! builds a root of its own from the zygote's view and those trees, pivots, enters a user
+//! namespace of its own, drops every capability, applies Landlock, then the proc's filter
+//! (zygote.py's `_Jail` draws it). A proc whose client dies is killed.
+//!
 //! What exec would have given a cold proc, the forked one takes before its filter: the
 //! client's rlimits, its ignored signals ignored and every other disposition the default, its
 //! signal mask, then the interpreter's own start-up handlers; `/proc/self/cmdline` (ps) shows

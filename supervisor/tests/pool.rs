@@ -600,3 +600,72 @@ fn the_everyday_corpus_runs_warm_and_jailed_as_bare() {
         diffs.join("\n")
     );
 }
+
+#[test]
+fn jailed_warm_siblings_see_and_reach_nothing_of_each_other() {
+    // Two warm procs of one jailed zygote at once: A beats a heartbeat into its working
+    // directory; B, in another, looks for A and its zygote and tries what the zygote itself
+    // may do. B sees only its own pid namespace, has no capability and is refused the
+    // zygote's calls; A beats on, undisturbed, and ends as it would.
+    let pool = Pool::start_with(&[], |_| {});
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let warm = |dir: &Path, code: &str| {
+        Command::new(BIN)
+            .args(["--warm", "--stats", "python3", "-c", code])
+            .env("SIGMA_POOL_DIR", pool.dir.path())
+            .current_dir(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let a = warm(
+        a_dir.path(),
+        "import os, time\nfor i in range(60):\n    open('beat', 'w').write(str(i))\n    time.sleep(0.05)\nprint('a done', os.getpid())",
+    );
+    let until = Instant::now() + Duration::from_secs(20);
+    while !a_dir.path().join("beat").exists() {
+        assert!(Instant::now() < until, "A never beat");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let b = warm(
+        b_dir.path(),
+        "import ctypes, os, signal\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         print('pids', sorted(p for p in os.listdir('/proc') if p.isdigit()))\n\
+         for pid in range(1, 4096):\n    try:\n        os.kill(pid, signal.SIGKILL if pid > 2 else 0)\n        if pid > 2: print('killed', pid)\n    except OSError:\n        pass\n\
+         status = open('/proc/self/status').read()\n\
+         print([l.split()[1] for l in status.splitlines() if l.startswith(('CapEff', 'CapBnd', 'CapPrm'))])\n\
+         print('unshare', libc.unshare(0x10000000), 'mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))\n\
+         print('pivot', libc.syscall(155, b'/', b'/'), 'setns', libc.setns(0, 0))\n\
+         print('beside', os.listdir('..'))",
+    );
+    let b = b.wait_with_output().unwrap();
+    let b_out = String::from_utf8_lossy(&b.stdout);
+    let b_err = String::from_utf8_lossy(&b.stderr);
+    assert!(start_of(&b).contains("warm start"), "{b_err}");
+    assert!(b_out.contains("pids ['1', '2']"), "{b_out}\n{b_err}");
+    assert!(!b_out.contains("killed"), "{b_out}");
+    assert!(
+        b_out.contains("['0000000000000000', '0000000000000000', '0000000000000000']"),
+        "{b_out}"
+    );
+    assert!(
+        b_out.contains("unshare -1 mount -1") && b_out.contains("pivot -1 setns -1"),
+        "{b_out}"
+    );
+    // A's directory is beside B's on the host, not in B's view.
+    let (a_name, b_name) = (a_dir.path().file_name(), b_dir.path().file_name());
+    let beside = b_out.lines().find(|l| l.starts_with("beside")).unwrap_or("");
+    assert!(beside.contains(&*b_name.unwrap().to_string_lossy()), "{b_out}");
+    assert!(!beside.contains(&*a_name.unwrap().to_string_lossy()), "{b_out}");
+    let beat = || std::fs::read_to_string(a_dir.path().join("beat")).unwrap_or_default();
+    let before = beat();
+    std::thread::sleep(Duration::from_millis(300));
+    let a = a.wait_with_output().unwrap();
+    assert!(start_of(&a).contains("warm start"), "{}", String::from_utf8_lossy(&a.stderr));
+    assert_eq!(a.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&a.stdout), "a done 2\n");
+    assert_ne!(beat(), before, "A stopped beating");
+    assert_eq!(beat(), "59");
+}
