@@ -25,6 +25,12 @@ and for a program whose imports the learning pool learns in its warm-up.
 
     python3 scripts/bench-pool.py --learning -n 40 --supervisor $PWD/target/debug/sigma-supervise
 
+--memory N: the unique memory (USS: private clean + dirty, /proc/PID/smaps_rollup) and PSS of
+N idle warm procs that imported numpy (`import numpy, time; time.sleep(...)`), all alive at once,
+from the jailed pool's numpy zygote, against 5 such bare procs; medians per proc.
+
+    python3 scripts/bench-pool.py --memory 100 --numpy-wheel ~/.cache/sigma-ci/wheels/numpy__2.1.3/numpy-*.whl
+
 The supervisor defaults to the release build scripts/build made last. The pool runs in a
 directory of its own (SIGMA_POOL_DIR) and is stopped at the end.
 """
@@ -76,6 +82,61 @@ def throughput(variants: dict, rounds: int, runs: int, clients: int) -> None:
     cold = med["sigma-supervise --no-jail (cold)"]
     for k in variants:
         print(f"{k:34} {med[k]:14.1f} {med[k] / med['bare']:8.2f} {med[k] / cold:17.2f}")
+
+
+def memory(sup: str, py: str, binds: list, env: dict, jailed: dict, n: int) -> None:
+    """USS and PSS of `n` idle warm numpy procs alive at once, against 5 bare ones."""
+    mark = f"bench-pool-memory-{os.getpid()}"
+    code = f"import numpy, time; print('up', flush=True); time.sleep(600)  # {mark}"
+
+    def usage(pid: int) -> tuple:
+        fields = {}
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 3 and parts[2] == "kB":
+                    fields[parts[0].rstrip(":")] = int(parts[1])
+        return fields["Private_Clean"] + fields["Private_Dirty"], fields["Pss"]
+
+    def procs() -> list:
+        found = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    cmd = open(f"/proc/{d}/cmdline", "rb").read()
+                except OSError:
+                    continue
+                if mark.encode() in cmd and not cmd.startswith(sup.encode()):
+                    found.append(int(d))
+        return found
+
+    rows = {}
+    for name, cmd, e, count in (
+        ("bare", [py, "-c", code], env, 5),
+        ("sigma-supervise --warm (jailed)", [sup, "--warm"] + binds + [py, "-c", code], jailed, n),
+    ):
+        started = [subprocess.Popen(cmd, env=e, cwd=PROJECT.name, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL) for _ in range(count)]
+        for p in started:
+            if p.stdout.readline() != b"up\n":
+                sys.exit(f"bench-pool: a {name} proc did not start")
+        time.sleep(1)
+        pids = procs()
+        sizes = [usage(pid) for pid in pids]
+        for p in started:
+            p.kill()
+        for p in started:
+            p.wait()
+        time.sleep(1)
+        if len(sizes) != count:
+            sys.exit(f"bench-pool: {len(sizes)} {name} procs found, {count} started")
+        rows[name] = (count, statistics.median(u for u, _ in sizes) / 1024,
+                      statistics.median(p for _, p in sizes) / 1024,
+                      sum(u for u, _ in sizes) / 1024)
+    print(f"\nidle procs that imported numpy (medians per proc; MiB)")
+    print(f"{'variant':34} {'procs':>6} {'USS':>8} {'PSS':>8} {'USS, all':>9}")
+    for k, (c, u, p, total) in rows.items():
+        print(f"{k:34} {c:6d} {u:8.2f} {p:8.2f} {total:9.1f}")
 
 
 def start_pool(cmd: list[str], env: dict) -> subprocess.Popen:
@@ -130,6 +191,8 @@ def main() -> None:
                     help="starts per core per second from concurrent clients")
     ap.add_argument("--clients", type=int, default=64, help="concurrent clients (--throughput)")
     ap.add_argument("--runs", type=int, default=640, help="starts per variant and round (--throughput)")
+    ap.add_argument("--memory", type=int, metavar="N",
+                    help="unique memory of N idle warm numpy procs alive at once")
     ap.add_argument("--learning", action="store_true",
                     help="warm runs from a pool that learns preloads against one that does not")
     args = ap.parse_args()
@@ -171,6 +234,11 @@ def main() -> None:
     else:
         print("numpy cannot be imported: its rows are left out (--numpy-wheel)")
     try:
+        if args.memory:
+            if not has_numpy:
+                sys.exit("bench-pool: --memory needs numpy (--numpy-wheel)")
+            memory(sup, py, binds, env, jailed, args.memory)
+            return
         if args.throughput:
             cmd = workloads["pass"]
             throughput({

@@ -25,6 +25,8 @@ pub struct Run<'a> {
     pub jail: Option<&'a jail::JailSpec>,
     /// The run's profile (`--profile`).
     pub profile: &'a str,
+    /// `--stats`: a warm proc says its unique memory as it ends.
+    pub stats: bool,
 }
 
 /// Why a run is [`Run::unlike`] a warm one.
@@ -95,6 +97,7 @@ fn start(run: Run<'_>, required: bool) -> Result<Result<Started, (String, bool)>
         fds: run.fds,
         jail: run.jail,
         profile: run.profile,
+        stats: run.stats,
     };
     Ok(match client::start(&req) {
         Ok(Outcome::Warm(s)) => Ok(s),

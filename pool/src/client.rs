@@ -55,6 +55,8 @@ pub struct WarmRequest<'a> {
     pub jail: Option<&'a jail::JailSpec>,
     /// The run's profile (a jailed zygote's filter must be that profile's).
     pub profile: &'a str,
+    /// The proc is to say its unique memory as it ends ([`unique_memory`]).
+    pub stats: bool,
 }
 
 /// A proc forked by a zygote, waiting for [`Started::go`].
@@ -127,6 +129,7 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
             .collect(),
         blocked: signals_of("SigBlk:"),
         jail,
+        stats: req.stats,
     };
     let (ended, ended_tx) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|errno| PoolError::Io {
@@ -199,6 +202,17 @@ fn jailed(
         tmp_size,
     };
     Ok((Some(j), trees))
+}
+
+/// A warm proc's unique memory as it ended, in KiB (asked with [`WarmRequest::stats`]): read
+/// from `conn` (a copy of [`Started::go`]) once the proc has ended, without waiting.
+pub fn unique_memory(conn: BorrowedFd<'_>) -> Option<u64> {
+    let mut fds = [nix::poll::PollFd::new(conn, nix::poll::PollFlags::POLLIN)];
+    if !matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0) {
+        return None;
+    }
+    let (said, _) = wire::recv::<serde_json::Value>(conn).ok()??;
+    said.get("unique_kib")?.as_u64()
 }
 
 /// Our limits, each `(resource, soft, hard)`, as a cold proc inherits them.

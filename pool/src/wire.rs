@@ -173,6 +173,9 @@ pub struct Spawn {
     /// A jailed proc's completion of its zygote's view.
     #[serde(default)]
     pub jail: Option<SpawnJail>,
+    /// Say the proc's unique memory as it ends (`--stats`).
+    #[serde(default)]
+    pub stats: bool,
 }
 
 /// What a jailed zygote's child adds to the view it shares: the run's own binds (their trees

@@ -601,7 +601,10 @@ def _zygote():
         conn.settimeout(None)
         if conn.recv(1) != b"g":
             os._exit(125)
-        conn.close()
+        if req.get("stats"):
+            said_at_end.append(conn)  # its unique memory, said as it ends (leave)
+        else:
+            conn.close()
         # The identity: umask, cwd, environ, argv, sys.path[0]; fresh random state.
         os.umask(req["umask"])
         # A jailed proc starts where its cold jail would (the working directory, or / when it
@@ -668,6 +671,8 @@ def _zygote():
             leave(1)
         leave(0)
 
+    said_at_end = []
+
     def exit_status(e):
         # As the interpreter maps a SystemExit that ends it.
         if e.code is None:
@@ -704,6 +709,17 @@ def _zygote():
             except BaseException:
                 if f is sys.stdout:
                     status = 120
+        for conn in said_at_end:
+            # --stats: the memory of its own (private pages), the rest shared with its zygote.
+            try:
+                kib = 0
+                with open("/proc/self/smaps_rollup", "rb") as f:
+                    for line in f:
+                        if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
+                            kib += int(line.split()[1])
+                conn.send(json.dumps({"unique_kib": kib}).encode())
+            except BaseException:
+                pass
         os._exit(status)
 
     if threading.active_count() != 1:

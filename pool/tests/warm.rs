@@ -127,6 +127,7 @@ fn client_role() -> ExitCode {
         fds: Vec::new(),
         jail: None,
         profile: "sigmaos",
+        stats: false,
     };
     let s = match pool::client::start(&req) {
         Ok(pool::client::Outcome::Warm(s)) => s,

@@ -195,7 +195,12 @@ pub fn run(mut cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::ini
             return supervisor::wait_unheard(child, cli.grace, sigma_api::evict);
         }
         (Some(_), None) => return Err(anyhow::anyhow!("--zygote-ctl needs the jail").into()),
-        (None, _) => spawn::warm_or_cold(prepared, sendmsg_allowed, cli.warm, &cli.profile)?,
+        (None, _) => spawn::warm_or_cold(
+            prepared,
+            sendmsg_allowed,
+            (cli.warm, cli.stats),
+            &cli.profile,
+        )?,
     };
     api.jail_built();
     if let Some(r) = &realm {
@@ -239,7 +244,8 @@ pub fn run(mut cli: Cli, mut plan: Option<trampoline::Plan>) -> Result<jail::ini
             }
         }
     }
-    cli.stats.then(|| eprintln!("sigma-supervise: {start}"));
+    cli.stats
+        .then(|| eprintln!("sigma-supervise: {}", start.line()));
     let end = api.finish(status, cli.stats, cli.sigma.require_started)?;
     match &plan {
         Some(t) => t.finish(end),

@@ -187,6 +187,12 @@ fn a_jailed_run_is_warm_from_a_jailed_pool_and_says_why_not_otherwise() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(start_of(&o).contains("warm start"), "{}", start_of(&o));
+    // --stats: the memory of its own, as it ended.
+    assert!(
+        start_of(&o).contains("its own memory at its end"),
+        "{}",
+        start_of(&o)
+    );
 }
 
 #[test]
@@ -656,14 +662,27 @@ fn jailed_warm_siblings_see_and_reach_nothing_of_each_other() {
     );
     // A's directory is beside B's on the host, not in B's view.
     let (a_name, b_name) = (a_dir.path().file_name(), b_dir.path().file_name());
-    let beside = b_out.lines().find(|l| l.starts_with("beside")).unwrap_or("");
-    assert!(beside.contains(&*b_name.unwrap().to_string_lossy()), "{b_out}");
-    assert!(!beside.contains(&*a_name.unwrap().to_string_lossy()), "{b_out}");
+    let beside = b_out
+        .lines()
+        .find(|l| l.starts_with("beside"))
+        .unwrap_or("");
+    assert!(
+        beside.contains(&*b_name.unwrap().to_string_lossy()),
+        "{b_out}"
+    );
+    assert!(
+        !beside.contains(&*a_name.unwrap().to_string_lossy()),
+        "{b_out}"
+    );
     let beat = || std::fs::read_to_string(a_dir.path().join("beat")).unwrap_or_default();
     let before = beat();
     std::thread::sleep(Duration::from_millis(300));
     let a = a.wait_with_output().unwrap();
-    assert!(start_of(&a).contains("warm start"), "{}", String::from_utf8_lossy(&a.stderr));
+    assert!(
+        start_of(&a).contains("warm start"),
+        "{}",
+        String::from_utf8_lossy(&a.stderr)
+    );
     assert_eq!(a.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&a.stdout), "a done 2\n");
     assert_ne!(beat(), before, "A stopped beating");

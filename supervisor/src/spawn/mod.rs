@@ -35,14 +35,35 @@ pub fn spawn(mut p: Prepared) -> Result<Child, Failure> {
     }
 }
 
+/// Which start a run took, for `--stats`: its line, and a warm proc's word of its memory.
+pub struct Start {
+    said: String,
+    memory: Option<std::os::fd::OwnedFd>,
+}
+
+impl Start {
+    /// The `--stats` line, once the proc has ended.
+    pub fn line(&self) -> String {
+        let kib = (self.memory.as_ref()).and_then(|c| pool::client::unique_memory(c.as_fd()));
+        match kib {
+            Some(kib) => format!(
+                "{}; its own memory at its end {:.1} MiB (the rest shared with its zygote)",
+                self.said,
+                kib as f64 / 1024.0
+            ),
+            None => self.said.clone(),
+        }
+    }
+}
+
 /// The proc from a pool's zygote if sigma-pool finds the run may be warm (`warm`: it must),
-/// else [`spawn`]; and the start it took, for `--stats`.
+/// else [`spawn`]; and the start it took, for `--stats` (`stats`).
 pub fn warm_or_cold(
     p: Prepared,
     sendmsg: bool,
-    warm: bool,
+    (warm, stats): (bool, bool),
     profile: &str,
-) -> Result<(Child, String), Failure> {
+) -> Result<(Child, Start), Failure> {
     let mounts = !(p.hides.is_empty() && p.binds.is_empty() && p.denies.is_empty());
     let run = pool::ask::Run {
         argv: p._argv.iter().map(|a| a.as_bytes()).collect(),
@@ -52,11 +73,14 @@ pub fn warm_or_cold(
         unlike: [mounts, !p.passed.is_empty(), !sendmsg],
         jail: p.jail.as_ref(),
         profile,
+        stats,
     };
     let (s, said) = pool::ask::ask(run, warm).map_err(anyhow::Error::from)?;
     let Some(s) = s else {
-        return Ok((spawn(p)?, said));
+        let memory = None;
+        return Ok((spawn(p)?, Start { said, memory }));
     };
+    let memory = stats.then(|| s.go.try_clone().ok()).flatten();
     handled_signals().thread_block().context("sigmask")?;
     let (status_rx, _) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
     // Not our child (`jailed`: only its report, the zygote's, tells how it ended).
@@ -74,5 +98,5 @@ pub fn warm_or_cold(
         jailed,
         warm: Some(s.pidfd),
     };
-    Ok((child, said))
+    Ok((child, Start { said, memory }))
 }
