@@ -123,6 +123,19 @@ def memory(sup: str, py: str, binds: list, env: dict, jailed: dict, n: int) -> N
         time.sleep(1)
         pids = procs()
         sizes = [usage(pid) for pid in pids]
+        # A jailed warm proc's pid namespace has an init of its own (made ahead by the zygote):
+        # counted with it.
+        by_ns = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    by_ns.setdefault(os.readlink(f"/proc/{d}/ns/pid"), []).append(int(d))
+                except OSError:
+                    pass
+        inits = []
+        for pid in pids:
+            others = [q for q in by_ns.get(os.readlink(f"/proc/{pid}/ns/pid"), []) if q != pid]
+            inits.append(sum(usage(q)[0] for q in others) if len(others) == 1 else 0)
         for p in started:
             p.kill()
         for p in started:
@@ -131,12 +144,13 @@ def memory(sup: str, py: str, binds: list, env: dict, jailed: dict, n: int) -> N
         if len(sizes) != count:
             sys.exit(f"bench-pool: {len(sizes)} {name} procs found, {count} started")
         rows[name] = (count, statistics.median(u for u, _ in sizes) / 1024,
+                      statistics.median(u + i for (u, _), i in zip(sizes, inits)) / 1024,
                       statistics.median(p for _, p in sizes) / 1024,
-                      sum(u for u, _ in sizes) / 1024)
+                      sum(u for u, _ in sizes) / 1024 + sum(inits) / 1024)
     print(f"\nidle procs that imported numpy (medians per proc; MiB)")
-    print(f"{'variant':34} {'procs':>6} {'USS':>8} {'PSS':>8} {'USS, all':>9}")
-    for k, (c, u, p, total) in rows.items():
-        print(f"{k:34} {c:6d} {u:8.2f} {p:8.2f} {total:9.1f}")
+    print(f"{'variant':34} {'procs':>6} {'USS':>8} {'+ init':>8} {'PSS':>8} {'USS, all':>9}")
+    for k, (c, u, ui, p, total) in rows.items():
+        print(f"{k:34} {c:6d} {u:8.2f} {ui:8.2f} {p:8.2f} {total:9.1f}")
 
 
 def start_pool(cmd: list[str], env: dict) -> subprocess.Popen:
