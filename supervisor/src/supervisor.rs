@@ -279,7 +279,11 @@ fn wait_all(
                 Err(Errno::EINTR) => {}
                 Err(Errno::ECHILD) if ended.is_some() => break, // a warm proc: its report tells
                 Err(Errno::ECHILD) => {
-                    return main_status.ok_or_else(|| anyhow!("lost the child's exit status"))
+                    return main_status.ok_or_else(|| match warm {
+                        // Its pid namespace ends with its zygote's.
+                        Some(_) => anyhow!("the proc's zygote was killed, and the proc with it"),
+                        None => anyhow!("lost the child's exit status"),
+                    });
                 }
                 Err(e) => return Err(e).context("waitpid"),
             }

@@ -688,3 +688,52 @@ fn jailed_warm_siblings_see_and_reach_nothing_of_each_other() {
     assert_ne!(beat(), before, "A stopped beating");
     assert_eq!(beat(), "59");
 }
+
+#[test]
+fn a_killed_jailed_zygote_takes_its_running_proc_and_the_next_run_is_right() {
+    // kill -9 of a jailed zygote while its proc runs: the proc ends with it (its pid namespace
+    // is inside the zygote's) and its client says so in one line; the next run is cold with
+    // its line, the one after warm from a new zygote.
+    let pool = Pool::start_with(&[], |_| {});
+    let work = tempfile::tempdir().unwrap();
+    let warm = |extra: &[&str], code: &str| {
+        Command::new(BIN)
+            .args(extra)
+            .args(["--stats", "python3", "-c", code])
+            .env("SIGMA_POOL_DIR", pool.dir.path())
+            .current_dir(work.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut running = warm(
+        &["--warm"],
+        "import time\nprint('up', flush=True)\ntime.sleep(30)\nprint('never')",
+    );
+    let mut up = [0u8; 3];
+    std::io::Read::read_exact(running.stdout.as_mut().unwrap(), &mut up).unwrap();
+    assert_eq!(&up, b"up\n");
+    let (pid, _) = pool.zygote_pids()[0].clone();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+    let o = running.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("never"));
+    assert!(!o.status.success(), "{said}");
+    assert!(said.contains("the proc's zygote was killed"), "{said}");
+    let o = warm(&[], "print(6 * 7)").wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "42\n");
+    assert!(start_of(&o).contains("cold start"), "{}", start_of(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("starting cold"));
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let o = warm(&[], "print(6 * 7)").wait_with_output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "42\n");
+        if start_of(&o).contains("warm start") {
+            break;
+        }
+        assert!(Instant::now() < until, "no new zygote: {}", start_of(&o));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_ne!(pool.zygote_pids()[0].0, pid);
+}
