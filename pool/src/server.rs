@@ -85,9 +85,19 @@ fn listen_on(path: &Path) -> Result<OwnedFd, PoolError> {
         None,
     )
     .map_err(|e| io("socket", e))?;
-    let addr = UnixAddr::new(path).map_err(|e| io("socket path", e))?;
+    // Bound under another name and renamed once listening: a client that finds the socket
+    // can connect (between bind and listen it would be refused, and start cold).
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".{}", std::process::id()));
+    let bound = PathBuf::from(name);
+    let _ = std::fs::remove_file(&bound);
+    let addr = UnixAddr::new(&bound).map_err(|e| io("socket path", e))?;
     bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).map_err(|e| io("bind", e))?;
     listen(&fd, Backlog::new(128).expect("backlog")).map_err(|e| io("listen", e))?;
+    std::fs::rename(&bound, path).map_err(|e| {
+        let _ = std::fs::remove_file(&bound);
+        PoolError::Setup(format!("cannot name the socket {}: {e}", path.display()))
+    })?;
     Ok(fd)
 }
 

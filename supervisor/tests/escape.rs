@@ -88,7 +88,6 @@ fn pool_dir(ctx: Ctx) -> &'static Path {
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let until = Instant::now() + Duration::from_secs(60);
@@ -762,7 +761,6 @@ fn a_proc_does_not_outlive_its_killed_supervisor() {
         let mut child = ctx
             .command(w.path(), &[], &["outlive"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();

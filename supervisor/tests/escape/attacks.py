@@ -194,7 +194,9 @@ def outlive():
             os.setsid()
         except OSError:
             pass
-    print("up", os.getpid(), flush=True)
+    # One write: with PYTHONUNBUFFERED print's pieces are separate writes, which the two
+    # processes would interleave.
+    os.write(1, b"up %d\n" % os.getpid())
     n = 0
     while True:
         with open("heartbeat-%d" % os.getpid(), "w") as f:
