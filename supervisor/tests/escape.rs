@@ -70,7 +70,7 @@ fn pool_dir(ctx: Ctx) -> &'static Path {
         }
         let watch = format!(
             "\"$0\" pool --python /usr/bin/python3 --profile {} & p=$!; \
-             while [ -d /proc/{} ] && kill -0 $p 2>/dev/null; do sleep 0.5; done; kill $p",
+             while [ -d /proc/{} ] && kill -0 $p 2>/dev/null; do sleep 0.5; done; kill $p; wait $p; rm -rf \"$SIGMA_POOL_DIR\"",
             ctx.profile,
             std::process::id()
         );
