@@ -10,7 +10,7 @@
 use crate::plan::Plan;
 use crate::sys;
 use nix::errno::Errno;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 /// Whether `dir` can be idmapped as a run's binds are (doctor's probe): the same namespace and
 /// calls, the tree dropped unattached.
@@ -51,6 +51,7 @@ pub(crate) fn mapping_userns(host_uid: u32, host_gid: u32) -> Result<OwnedFd, St
 
 /// The most idmapped binds a run may have: one message carries their trees to init.
 pub const MAX_IDMAPPED: usize = 64;
+const _: () = assert!(MAX_IDMAPPED <= sys::MAX_PASSED_FDS);
 
 impl Plan {
     /// The idmapped binds' trees, by source index (a root supervisor only,
@@ -105,7 +106,6 @@ impl Plan {
 /// socket): one message, the source index of each tree as data, the trees as SCM_RIGHTS.
 /// Sent even when empty: init waits for it whenever [`Plan::idmapped_later`].
 pub fn send_idmapped(trees: &[(usize, OwnedFd)], sock: BorrowedFd<'_>) -> Result<(), String> {
-    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     // A count first, so the message is never empty.
     let mut data = Vec::with_capacity(4 * (trees.len() + 1));
     data.extend_from_slice(&(trees.len() as u32).to_ne_bytes());
@@ -113,48 +113,18 @@ pub fn send_idmapped(trees: &[(usize, OwnedFd)], sock: BorrowedFd<'_>) -> Result
         data.extend_from_slice(&(*i as u32).to_ne_bytes());
     }
     let fds: Vec<_> = trees.iter().map(|(_, t)| t.as_raw_fd()).collect();
-    let iov = [std::io::IoSlice::new(&data)];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
-    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
-    loop {
-        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None) {
-            Ok(n) if n == data.len() => return Ok(()),
-            Ok(_) => return Err("sending the idmapped trees: short send".into()),
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(format!("sending the idmapped trees: {}", e.desc())),
-        }
+    match sys::send_with_fds(sock, &data, &fds) {
+        Ok(n) if n == data.len() => Ok(()),
+        Ok(_) => Err("sending the idmapped trees: short send".into()),
+        Err(e) => Err(format!("sending the idmapped trees: {}", e.desc())),
     }
 }
 
 /// In init: the trees [`send_idmapped`] sent, by source index. `None` on EOF (the
 /// supervisor gave up) or a malformed message.
 pub(crate) fn receive(sock: BorrowedFd<'_>, sources: usize) -> Option<Vec<(usize, OwnedFd)>> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut buf = [0u8; 4 * MAX_IDMAPPED + 4];
-    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; MAX_IDMAPPED]);
-    let (n, fds) = loop {
-        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        match recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(m) => {
-                let mut fds: Vec<OwnedFd> = Vec::new();
-                for c in m.cmsgs().ok()? {
-                    if let ControlMessageOwned::ScmRights(raw) = c {
-                        // SAFETY: SCM_RIGHTS just installed these descriptors in our table and
-                        // nothing else refers to them.
-                        fds.extend(raw.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
-                    }
-                }
-                break (m.bytes, fds);
-            }
-            Err(Errno::EINTR) => continue,
-            Err(_) => return None,
-        }
-    };
+    let (n, fds) = sys::recv_with_fds(sock, &mut buf).ok()?;
     let word = |i: usize| -> Option<usize> {
         let b: [u8; 4] = buf.get(i * 4..i * 4 + 4)?.try_into().ok()?;
         usize::try_from(u32::from_ne_bytes(b)).ok()

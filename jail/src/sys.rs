@@ -373,3 +373,52 @@ pub fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
     // SAFETY: on success pidfd_open returns a new fd that nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
+
+/// The most descriptors one message of [`recv_with_fds`] takes (more are closed by the kernel
+/// with MSG_CTRUNC).
+pub const MAX_PASSED_FDS: usize = 64;
+
+/// sendmsg(2) of `data` with `fds` as SCM_RIGHTS (none: no control message), retried on EINTR;
+/// the bytes sent.
+pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> Result<usize, Errno> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let iov = [std::io::IoSlice::new(data)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    loop {
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None) {
+            Err(Errno::EINTR) => continue,
+            r => return r,
+        }
+    }
+}
+
+/// recvmsg(2) of one message into `buf`, retried on EINTR: its length and the descriptors it
+/// passed (SCM_RIGHTS, close-on-exec, owned at once).
+pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>), Errno> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_PASSED_FDS]);
+    loop {
+        let mut iov = [std::io::IoSliceMut::new(buf)];
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+            Ok(m) => {
+                let mut fds = Vec::new();
+                for c in m.cmsgs()? {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        // SAFETY: SCM_RIGHTS just installed these descriptors in our table and
+                        // nothing else refers to them.
+                        fds.extend(raw.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
+                    }
+                }
+                return Ok((m.bytes, fds));
+            }
+        }
+    }
+}

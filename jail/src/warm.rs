@@ -158,6 +158,7 @@ impl ViewKey {
 
 /// The most binds of its own a warm run may have.
 pub const MAX_TREES: usize = 32;
+const _: () = assert!(MAX_TREES <= sys::MAX_PASSED_FDS);
 
 /// Detached mount trees of `binds` (open_tree clones, read-only where the bind is), in order,
 /// ready to be attached in a zygote's child. A root client idmaps a bind marked so to the
@@ -260,10 +261,10 @@ fn in_helper(sources: &[(CString, bool, bool)]) -> Result<Vec<OwnedFd>, String> 
         let code = match trees {
             Ok(t) => {
                 let fds: Vec<RawFd> = t.iter().map(|f| f.as_raw_fd()).collect();
-                send(theirs.as_fd(), b"ok", &fds).map_or(1, |_| 0)
+                sys::send_with_fds(theirs.as_fd(), b"ok", &fds).map_or(1, |_| 0)
             }
             Err(why) => {
-                let _ = send(theirs.as_fd(), why.as_bytes(), &[]);
+                let _ = sys::send_with_fds(theirs.as_fd(), why.as_bytes(), &[]);
                 1
             }
         };
@@ -275,43 +276,10 @@ fn in_helper(sources: &[(CString, bool, bool)]) -> Result<Vec<OwnedFd>, String> 
     got
 }
 
-fn send(sock: std::os::fd::BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> nix::Result<usize> {
-    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-    let iov = [std::io::IoSlice::new(data)];
-    let cmsg = [ControlMessage::ScmRights(fds)];
-    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
-    sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None)
-}
-
 fn receive(sock: std::os::fd::BorrowedFd<'_>, n: usize) -> Result<Vec<OwnedFd>, String> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut buf = [0u8; 512];
-    let mut cmsg = nix::cmsg_space!([RawFd; MAX_TREES]);
-    let (bytes, fds) = loop {
-        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        match recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(format!("receiving the run's binds: {e}")),
-            Ok(m) => {
-                let mut fds = Vec::new();
-                for c in m.cmsgs().map_err(|e| e.to_string())? {
-                    if let ControlMessageOwned::ScmRights(v) = c {
-                        // SAFETY: SCM_RIGHTS gave us these new descriptors; nobody else owns
-                        // them.
-                        fds.extend(v.into_iter().map(|f| unsafe {
-                            <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(f)
-                        }));
-                    }
-                }
-                break (m.bytes, fds);
-            }
-        }
-    };
+    let (bytes, fds) = sys::recv_with_fds(sock, &mut buf)
+        .map_err(|e| format!("receiving the run's binds: {e}"))?;
     let said = &buf[..bytes.min(buf.len())];
     if said != b"ok" {
         return Err(String::from_utf8_lossy(said).into_owned());
