@@ -91,30 +91,12 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
         profile: req.jail.map(|_| req.profile.to_owned()),
     };
     wire::send(conn.as_fd(), &run, &[])?;
-    let (zygote, view) = match wire::recv::<wire::Answer>(conn.as_fd())? {
-        Some((wire::Answer::Warm { zygote, view }, _)) => (zygote, view),
-        Some((wire::Answer::Cold { why }, _)) => return Ok(Outcome::Cold(why)),
-        None => return Ok(Outcome::Cold("the pool ended the request".into())),
-    };
-    // A jailed run: its own binds, cloned here (the zygote never sees a host path). Leaving
-    // without a Spawn (the connection closed) lets the zygote go on without forking.
-    let (jail, trees) = match (req.jail, view) {
-        (None, None) => (None, Vec::new()),
-        (Some(spec), Some(view)) => match jailed(spec, &view) {
-            Ok(j) => j,
-            Err(why) => return Ok(Outcome::Cold(why)),
-        },
-        _ => {
-            return Ok(Outcome::Cold(
-                "the zygote's σcontainer is not the run's".into(),
-            ))
-        }
-    };
+    // The request's body is made while the pool chooses a zygote; the jail's part follows.
     let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
     nix::sys::stat::umask(umask);
     let cwd = std::env::current_dir()
         .map_err(|e| PoolError::Setup(format!("the working directory: {e}")))?;
-    let spawn = wire::Spawn {
+    let mut spawn = wire::Spawn {
         argv: req.argv.iter().map(|a| wire::hex(a)).collect(),
         env: req.env.iter().map(|a| wire::hex(a)).collect(),
         cwd: wire::hex(cwd.as_os_str().as_bytes()),
@@ -128,8 +110,30 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
             .filter(|&s| s != libc::SIGPIPE)
             .collect(),
         blocked: signals_of("SigBlk:"),
-        jail,
+        jail: None,
         stats: req.stats,
+    };
+    let (zygote, view) = match wire::recv::<wire::Answer>(conn.as_fd())? {
+        Some((wire::Answer::Warm { zygote, view }, _)) => (zygote, view),
+        Some((wire::Answer::Cold { why }, _)) => return Ok(Outcome::Cold(why)),
+        None => return Ok(Outcome::Cold("the pool ended the request".into())),
+    };
+    // A jailed run: its own binds, cloned here (the zygote never sees a host path). Leaving
+    // without a Spawn (the connection closed) lets the zygote go on without forking.
+    let trees = match (req.jail, view) {
+        (None, None) => Vec::new(),
+        (Some(spec), Some(view)) => match jailed(spec, &view) {
+            Ok((j, trees)) => {
+                spawn.jail = j;
+                trees
+            }
+            Err(why) => return Ok(Outcome::Cold(why)),
+        },
+        _ => {
+            return Ok(Outcome::Cold(
+                "the zygote's σcontainer is not the run's".into(),
+            ))
+        }
     };
     let (ended, ended_tx) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|errno| PoolError::Io {

@@ -267,5 +267,5 @@ pub fn accepted(fd: RawFd) -> OwnedFd {
 
 /// Hex of a byte string (argv, environ and the filter travel as such).
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }

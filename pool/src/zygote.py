@@ -1,10 +1,14 @@
 # The zygote: `python3 -c "exec(<this, read from stdin>)" CTL_FD PRELOADS`, started by the pool.
-# It imports PRELOADS (comma-separated), freezes the heap, says "ready" on CTL_FD, then for each
-# client connection the pool passes it: reads the client's request (identity, the compiled
-# filter, stdio and the report pipe), forks, and in the child installs the proc's filter with
-# its own listener, hands pidfd + listener to the client, waits for "go", takes the identity
-# and runs the program as `python3 script.py` / `python3 -c CODE` would. The parent reaps the
-# child and writes how it ended to the client's report pipe (jail::init::Ended's two bytes).
+# It imports PRELOADS (comma-separated), freezes the heap, forks its first proc ahead of any
+# request (a ready proc: forked, its σcontainer made as far as no request changes it, its
+# signals and /proc/self/stat taken), says "ready" on CTL_FD, then for each client connection
+# the pool passes it: reads the client's request (identity, the compiled filter, stdio and the
+# report pipe) and hands it to the ready proc, which completes its σcontainer, installs the
+# proc's filter with its own listener, hands pidfd + listener to the client, waits for "go",
+# takes the identity and runs the program as `python3 script.py` / `python3 -c CODE` would.
+# The zygote makes the next ready proc once that one has ended or run for AHEAD (a fork beside
+# a starting proc would slow it down), reaps its procs and writes how each ended to its
+# client's report pipe (jail::init::Ended's two bytes).
 # Nothing here is left in sys.modules for the program but what the preloads imported.
 # Preloads come from the interpreter's own sys.path: '' (the pool's working directory) is left
 # out while they are imported. A preload that fails is named on CTL_FD ("failed NAME: why").
@@ -33,6 +37,18 @@ RESEED = {
 }
 
 
+def _recv_fds(sock, size, maxfds, flags=0):
+    # socket.recv_fds, with its flags honoured (the library's drops them: MSG_DONTWAIT would
+    # block). Returns (message, descriptors).
+    import array, socket
+    fds = array.array("i")
+    msg, anc, _, _ = sock.recvmsg(size, socket.CMSG_SPACE(maxfds * fds.itemsize), flags)
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    return msg, list(fds)
+
+
 class _Jail:
     """A jailed zygote's side of each proc's σcontainer (`sigma-supervise --zygote-ctl`).
 
@@ -44,14 +60,16 @@ class _Jail:
         Z (the jail's program) ── unshare(USER), unshare(PID), fork ──▶ Z2 (the zygote, pid 1)
         Z2 ── fork (before its preloads: small) ──▶ F, which on Z2's word makes a spare:
               unshare(PID|NET|IPC|UTS), fork ──▶ I (pid 1, loopback up), setns back
-        Z2 per proc: setns(I, PID), fork ──▶ C (pid 2 of I's namespace), setns back
+        Z2 per proc, ahead: setns(I, PID), fork ──▶ C (pid 2 of I's namespace), setns back
 
-    C joins I's network, IPC and UTS namespaces, makes a mount namespace, builds a root of
-    its own (a tmpfs; the zygote's view bound in entry by entry, the run's own binds attached
-    from the trees its client cloned, a new /proc, /tmp, /dev/shm and /dev/pts), pivots into
-    it, makes it read-only, drops every capability, sets no_new_privs and Landlock, then
-    installs the proc's filter as an unjailed zygote's child does. When C ends, I is killed,
-    and with it what C left running, as a cold jail's init ends its proc.
+    C, before its request (`prepare`): joins I's network, IPC and UTS namespaces, makes a
+    mount namespace and builds a root of its own (a tmpfs; the zygote's view bound in entry by
+    entry, a new /proc, /dev/shm and /dev/pts). On its request (`complete`): attaches the
+    run's own binds from the trees its client cloned (a top-level directory on their way made
+    anew entry by entry), mounts /tmp, pivots into the root, makes it read-only, drops every
+    capability, sets no_new_privs and Landlock, then installs the proc's filter as an unjailed
+    zygote's child does. When C ends, I is killed, and with it what C left running, as a cold
+    jail's init ends its proc.
     """
 
     NEWNS, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET = (
@@ -148,7 +166,7 @@ class _Jail:
         while self.asked:
             try:
                 flags = 0 if wait and not self.spares else socket.MSG_DONTWAIT
-                m, fds, _, _ = socket.recv_fds(self.maker, 16, 1, flags)
+                m, fds = _recv_fds(self.maker, 16, 1, flags)
             except BlockingIOError:
                 break
             except InterruptedError:
@@ -186,19 +204,65 @@ class _Jail:
             self.libc.syscall(424, init, 9, None, 0)  # pidfd_send_signal
             os.close(init)
 
-    def complete(self, j, trees, init):
-        """In C: the proc's own root, Landlock and no capability left. Err: why not."""
-        import os, struct
-        libc = self.libc
-        mount = lambda src, dst, fs, flags, data=None: self.check(
-            libc.mount(src, dst, fs, flags, data),
-            "mount %s" % (dst.decode(errors="replace") if dst else ""))
+    T = b"/tmp"  # where a proc's root is built, in its own mount namespace
+
+    def mount(self, src, dst, fs, flags, data=None):
+        self.check(self.libc.mount(src, dst, fs, flags, data),
+                   "mount %s" % (dst.decode(errors="replace") if dst else ""))
+
+    def fill(self, d, names, needed):
+        # The zygote's view of directory d, entry by entry, into the root being built: a
+        # directory on the way to one of the run's binds is made and filled in turn, any other
+        # bound whole, a symbolic link copied, a file bound over an empty one.
+        import os
+        T = self.T
+        for name in names:
+            p = os.path.join(d, name)
+            t = T + p
+            if d == b"/" and name in (b"proc", b"tmp"):
+                os.mkdir(t, 0o555)  # mounted on
+                continue
+            if p in needed and os.path.isdir(p) and not os.path.islink(p):
+                os.mkdir(t)
+                self.fill(p, os.listdir(p), needed)
+            elif os.path.islink(p):
+                os.symlink(os.readlink(p), t)
+            elif os.path.isdir(p):
+                os.mkdir(t)
+                self.mount(p, t, None, self.MS_BIND | self.MS_REC)
+            else:
+                os.close(os.open(t, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o444))
+                self.mount(p, t, None, self.MS_BIND)
+
+    def prepare(self, init):
+        """In a ready child, before any request: the proc's namespaces joined and its root
+        built from the zygote's view, every top-level entry bound whole, with a new /proc,
+        /dev/shm and /dev/pts. The request's part is [`complete`]."""
+        import os
+        libc, mount, T = self.libc, self.mount, self.T
         self.check(libc.setns(init, self.NEWNET | self.NEWIPC | self.NEWUTS),
                    "the proc's network namespace")
         self.check(libc.unshare(self.NEWNS), "a mount namespace")
         mount(None, b"/", None, self.MS_REC | self.MS_PRIVATE)
-        T = b"/tmp"
         mount(b"tmpfs", T, b"tmpfs", self.MS_NOSUID | self.MS_NODEV, b"mode=0755")
+        self.fill(b"/", [os.fsencode(n) for n in self.root], set())
+        mount(b"proc", T + b"/proc", b"proc", self.MS_NOSUID | self.MS_NODEV | self.MS_NOEXEC)
+        for p in (b"/proc/sys", b"/proc/sysrq-trigger", b"/proc/irq", b"/proc/bus"):
+            if os.path.exists(T + p):
+                mount(T + p, T + p, None, self.MS_BIND | self.MS_REC)
+                mount(None, T + p, None, self.MS_REMOUNT | self.MS_BIND | self.MS_RDONLY
+                      | self.MS_NOSUID | self.MS_NODEV | self.MS_NOEXEC)
+        if os.path.isdir(T + b"/dev/shm"):
+            mount(b"tmpfs", T + b"/dev/shm", b"tmpfs", self.MS_NOSUID | self.MS_NODEV, b"mode=1777")
+        if os.path.isdir(T + b"/dev/pts"):
+            mount(b"devpts", T + b"/dev/pts", b"devpts", self.MS_NOSUID | self.MS_NOEXEC,
+                  b"newinstance,ptmxmode=0666,mode=620")
+
+    def complete(self, j, trees):
+        """In the proc, on its request: the run's own binds attached, /tmp, what it hides, the
+        pivot, its own user namespace, Landlock and no capability left. Err: why not."""
+        import os, struct
+        libc, mount, T = self.libc, self.mount, self.T
         binds = [(os.fsencode(os.fsdecode(bytes.fromhex(d))), isdir, fd)
                  for (d, isdir), fd in zip(j["binds"], trees)]
         needed = set()
@@ -207,39 +271,16 @@ class _Jail:
             while p != b"/":
                 needed.add(p)
                 p = os.path.dirname(p)
-
-        def fill(d, names):
-            for name in names:
-                p = os.path.join(d, name)
-                t = T + p
-                if d == b"/" and name in (b"proc", b"tmp"):
-                    os.mkdir(t, 0o555)  # mounted below
-                    continue
-                if p in needed and os.path.isdir(p) and not os.path.islink(p):
-                    os.mkdir(t)
-                    fill(p, os.listdir(p))
-                elif os.path.islink(p):
-                    os.symlink(os.readlink(p), t)
-                elif os.path.isdir(p):
-                    os.mkdir(t)
-                    mount(p, t, None, self.MS_BIND | self.MS_REC)
-                else:
-                    os.close(os.open(t, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o444))
-                    mount(p, t, None, self.MS_BIND)
-        fill(b"/", [os.fsencode(n) for n in self.root])
-        mount(b"proc", T + b"/proc", b"proc", self.MS_NOSUID | self.MS_NODEV | self.MS_NOEXEC)
-        for p in (b"/proc/sys", b"/proc/sysrq-trigger", b"/proc/irq", b"/proc/bus"):
-            if os.path.exists(T + p):
-                mount(T + p, T + p, None, self.MS_BIND | self.MS_REC)
-                mount(None, T + p, None, self.MS_REMOUNT | self.MS_BIND | self.MS_RDONLY
-                      | self.MS_NOSUID | self.MS_NODEV | self.MS_NOEXEC)
+        # A top-level directory on the way to a bind was bound whole ahead: made anew, filled
+        # entry by entry (the bind needs a mount point the zygote's view does not have).
+        for name in self.root:
+            p = b"/" + os.fsencode(name)
+            if (p in needed and p not in (b"/proc", b"/tmp") and os.path.isdir(p)
+                    and not os.path.islink(p)):
+                self.check(libc.umount2(T + p, 2), "unbinding %s" % name)  # MNT_DETACH
+                self.fill(p, os.listdir(p), needed)
         mount(b"tmpfs", T + b"/tmp", b"tmpfs", self.MS_NOSUID | self.MS_NODEV,
               b"mode=1777,size=%d" % int(j.get("tmp_size", 1 << 30)))
-        if os.path.isdir(T + b"/dev/shm"):
-            mount(b"tmpfs", T + b"/dev/shm", b"tmpfs", self.MS_NOSUID | self.MS_NODEV, b"mode=1777")
-        if os.path.isdir(T + b"/dev/pts"):
-            mount(b"devpts", T + b"/dev/pts", b"devpts", self.MS_NOSUID | self.MS_NOEXEC,
-                  b"newinstance,ptmxmode=0666,mode=620")
         for dst, isdir, fd in sorted(binds, key=lambda b: b[0].count(b"/")):
             t = T + dst
             if isdir:
@@ -480,14 +521,17 @@ def _zygote():
     libc.malloc.restype = ctypes.c_void_p
     libc.sbrk.restype = ctypes.c_void_p
 
-    def show_argv(argv):
+    def own_stat():
+        # /proc/self/stat's fields from the fourth on; those show_argv takes stay as they are.
+        f = open("/proc/self/stat", "rb").read()
+        return [int(x) for x in f[f.rindex(b")") + 2:].split()[1:]]
+
+    def show_argv(argv, stat):
         # /proc/self/cmdline (ps) as exec would show it: PR_SET_MM_MAP with the arguments in a
         # block of ours (never freed), every other field as it is; unprivileged when exe_fd
         # is left alone. Where the kernel refuses, the zygote's stays (said in the crate doc).
         blob = b"\0".join(os.fsencode(a) for a in argv) + b"\0"
-        f = open("/proc/self/stat", "rb").read()
-        f = [int(x) for x in f[f.rindex(b")") + 2:].split()[1:]]
-        field = lambda n: f[n - 4]  # proc(5)'s numbering; f starts at field 4
+        field = lambda n: stat[n - 4]  # proc(5)'s numbering; stat starts at field 4
         addr = libc.malloc(len(blob))
         if not addr:
             return
@@ -495,6 +539,20 @@ def _zygote():
         m = MmMap(field(26), field(27), field(45), field(46), field(47), libc.sbrk(0),
                   field(28), addr, addr + len(blob), field(50), field(51), 0, 0, 0xFFFFFFFF)
         libc.prctl(35, 14, ctypes.byref(m), ctypes.sizeof(m), 0)  # PR_SET_MM, PR_SET_MM_MAP
+
+    def default_signals():
+        # As exec leaves a process that ignores nothing, then the interpreter's own start-up:
+        # SIGPIPE and SIGXFSZ ignored, ^C a KeyboardInterrupt. Done ahead of the request.
+        for s in signal.valid_signals():
+            if s in (signal.SIGKILL, signal.SIGSTOP):
+                continue
+            try:
+                signal.signal(s, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass  # the C library's own (glibc's 32 and 33)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def take_limits_and_signals(req):
         # What exec would have left the proc: the client's limits, its ignored signals
@@ -509,18 +567,14 @@ def _zygote():
                     resource.setrlimit(r, want)
             except (OSError, ValueError) as e:
                 return "setting limit %d to %s: %s" % (r, want, e)
-        ignored = set(req.get("ignored", []))
-        for s in signal.valid_signals():
-            if s in (signal.SIGKILL, signal.SIGSTOP):
-                continue
-            try:
-                signal.signal(s, signal.SIG_IGN if s in ignored else signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass  # the C library's own (glibc's 32 and 33)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        if signal.SIGINT not in ignored:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        # Every disposition was made the default's (and the interpreter's) ahead, by
+        # default_signals: only what the client ignores is left.
+        for s in req.get("ignored", []):
+            if s not in (signal.SIGKILL, signal.SIGSTOP):
+                try:
+                    signal.signal(s, signal.SIG_IGN)
+                except (OSError, ValueError):
+                    pass  # the C library's own (glibc's 32 and 33)
         signal.pthread_sigmask(signal.SIG_SETMASK, req.get("blocked", []))
         return None
 
@@ -547,16 +601,88 @@ def _zygote():
             t = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
             os.write(fd, b"timeline %d %s %d\n" % (os.getpid(), label, t))
 
-    def child(conn, req, fds, hand, page, init):
-        mark(fds[2], b"forked")
+    class Ready:
+        """A proc forked ahead of its request, with its σcontainer made as far as a request
+        leaves it unchanged (`_Jail.prepare`): it waits on `sock` for the request the zygote
+        read, so a run pays neither the fork nor most of its jail."""
+
+        def __init__(self):
+            # The page a learning proc writes its imports to: made before the fork, shared.
+            self.page = mmap.mmap(-1, 4096)
+            self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+            try:
+                pid, init = jail.fork(os.fork) if jail is not None else (os.fork(), None)
+            except OSError:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+                self.drop()
+                theirs.close()
+                raise
+            if pid == 0:
+                self.sock.close()
+                waiting(theirs, self.page, init)  # never returns
+            self.pid = pid
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+            theirs.close()
+
+        def hand_over(self, payload, fds):
+            # Err: the ready proc is gone (killed); its namespaces' init is ended on its reaping.
+            socket.send_fds(self.sock, [payload], fds)
+            self.sock.close()
+
+        def drop(self):
+            self.sock.close()  # it ends, unasked
+            self.page.close()
+
+    def waiting(sock, page, init):
+        # A ready proc: its σcontainer prepared, then its request awaited. A preparation that
+        # failed is said to the client the request comes from.
+        signal.set_wakeup_fd(-1)  # the zygote's
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # the zygote's end is its own, while it waits
+        # Nothing of the zygote's or of running procs' is held while it waits.
+        keep = sorted({sock.fileno()} | ({init} if init is not None else set()))
+        last = 2
+        for fd in keep:
+            os.closerange(last + 1, fd)
+            last = fd
+        os.closerange(last + 1, 1 << 20)
+        failed = None
         if jail is not None:
             try:
-                jail.complete(req["jail"], fds[4 + len(req["fds"]):], init)
+                jail.prepare(init)
+            except OSError as e:
+                failed = e
+            os.close(init)
+        default_signals()
+        stat = own_stat()
+        try:
+            msg, fds = _recv_fds(sock, 1 << 20, 128)
+        except BaseException:  # an error, or ^C meant for the pool
+            os._exit(125)
+        if not fds:
+            os._exit(0)  # the zygote retired it
+        libc.prctl(1, 0, 0, 0, 0)  # from here a proc as a forked one is
+        sock.close()
+        n = int.from_bytes(msg[:4], "little")
+        hand, req = json.loads(msg[4:4 + n]), json.loads(msg[4 + n:])
+        conn = socket.socket(fileno=fds[0])
+        conn.setblocking(True)  # the zygote read it with a timeout
+        fds = fds[1:]
+        mark(fds[2], b"taken")
+        if failed is None and jail is not None:
+            try:
+                jail.complete(req["jail"], fds[4 + len(req["fds"]):])
                 mark(fds[2], b"jail-completed")
             except (OSError, KeyError, ValueError, TypeError) as e:
-                conn.send(json.dumps({"error": "completing the proc's σcontainer: %s" % e}).encode())
-                os._exit(125)
+                failed = e
+        if failed is not None:
+            conn.send(json.dumps({"error": "completing the proc's σcontainer: %s" % failed}).encode())
+            os._exit(125)
+        child(conn, req, fds, hand, page if hand.get("learn") else None, stat)
+
+    def child(conn, req, fds, hand, page, stat):
         for other in pages.values():
             other.close()  # siblings' pages are theirs
         sys.stdout.flush()
@@ -588,7 +714,7 @@ def _zygote():
         if failed:
             conn.send(json.dumps({"error": failed}).encode())
             os._exit(125)
-        show_argv(argv)
+        show_argv(argv, stat)
         pidfd = os.pidfd_open(os.getpid())
         listener = install(bytes.fromhex(req["filter"]))
         if listener < 0:
@@ -729,24 +855,41 @@ def _zygote():
         jail.ask(2)  # two procs' namespaces made ahead
     gc.collect()
     gc.freeze()
+    try:
+        ready = Ready()  # the first proc, made ready before the zygote is
+    except OSError:
+        ready = None
     ctl.send(b"ready")
     import select
 
-    def client_gone():
+    # A proc's end wakes the loop below (SIGCHLD, through this pipe), which may then make the
+    # next proc ready.
+    woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
+    AHEAD = 0.05  # seconds after a hand-over, when its proc still runs, to make the next ready
+    last, handed_at, retry_at = None, 0.0, 0.0
+
+    def client_gone(timeout):
         # A proc does not outlive its client (its supervisor): the read end of the report
         # pipe closes with the client, and the write end we hold then polls POLLERR.
         watch = select.poll()
         watch.register(ctl, select.POLLIN)
+        watch.register(woken, select.POLLIN)
         by_fd = {fd: pid for pid, fd in ended.items()}
         for fd in by_fd:
             watch.register(fd, 0)
         try:
-            ready = watch.poll()
+            polled = watch.poll(timeout)
         except InterruptedError:
             return
-        for fd, ev in ready:
+        for fd, ev in polled:
             pid = by_fd.get(fd)
-            if pid is not None and ev & (select.POLLERR | select.POLLHUP):
+            if fd == woken:
+                try:
+                    os.read(woken, 512)
+                except OSError:
+                    pass
+            elif pid is not None and ev & (select.POLLERR | select.POLLHUP):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
@@ -755,9 +898,19 @@ def _zygote():
                     jail.ended(pid)  # and what it left running
 
     while True:
-        client_gone()
+        # The next proc is made ready once the last one handed over has ended, or has run
+        # AHEAD seconds: not while it starts, which a fork beside it would slow down.
+        now = time.monotonic()
+        due = max(retry_at, now if last not in ended else handed_at + AHEAD)
+        if ready is None and now >= due:
+            try:
+                ready = Ready()
+            except OSError:
+                retry_at = due = now + AHEAD
+        timeout = None if ready is not None else max(1, int((due - now) * 1000) + 1)
+        client_gone(timeout)
         try:
-            said, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 1, socket.MSG_DONTWAIT)
+            said, fds = _recv_fds(ctl, 1 << 16, 1, socket.MSG_DONTWAIT)
         except (InterruptedError, BlockingIOError):
             continue
         try:
@@ -767,6 +920,8 @@ def _zygote():
         if not fds:
             # The pool retired this zygote (or is gone): no more forks; the procs it has end
             # as they would, and each one's client still hears how.
+            if ready is not None:
+                ready.drop()
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
             reap()
             while ended:
@@ -776,7 +931,7 @@ def _zygote():
         conn = socket.socket(fileno=fds[0])
         conn.settimeout(2)  # a client that stalls holds this zygote up two seconds at most
         try:
-            msg, cfds, _, _ = socket.recv_fds(conn, 1 << 20, 64)
+            msg, cfds = _recv_fds(conn, 1 << 20, 64)
             req = json.loads(msg)
             # A jailed zygote forks only jailed procs, each with its trees after its fds.
             trees = len(req["jail"]["binds"]) if jail is not None else 0
@@ -790,34 +945,43 @@ def _zygote():
             conn.close()
             continue
         mark(cfds[2], b"request")
-        page = mmap.mmap(-1, 4096) if hand.get("learn") else None
-        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
-        try:
-            pid, init = jail.fork(os.fork) if jail is not None else (os.fork(), None)
-        except OSError as e:
+        h = json.dumps(hand).encode()
+        payload = len(h).to_bytes(4, "little") + h + msg
+        pid = -1
+        for again in (False, True):
             try:
-                conn.send(json.dumps({"error": "forking the proc: %s" % e}).encode())
-            except OSError:
-                pass
-            pid = -1
-        if pid == 0:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-            child(conn, req, cfds, hand, page, init)
-        for fd in cfds[4 + len(req["fds"]):]:
-            os.close(fd)  # the trees are the proc's
+                if ready is None:
+                    ready = Ready()
+                taken, ready = ready, None
+                # Its end is not reaped before it is known as a proc.
+                signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+                taken.hand_over(payload, [conn.fileno()] + cfds)
+                pid = taken.pid
+                break
+            except OSError as e:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+                if again:
+                    try:
+                        conn.send(json.dumps({"error": "forking the proc: %s" % e}).encode())
+                    except OSError:
+                        pass
+        for fd in cfds[4:]:
+            os.close(fd)  # its own descriptors and trees are the proc's
         if pid < 0:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
             for fd in cfds[:4]:
                 os.close(fd)
             conn.close()
             continue
         ended[pid] = cfds[3]
-        if page is not None:
-            pages[pid] = page
+        if hand.get("learn"):
+            pages[pid] = taken.page
+        else:
+            taken.page.close()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
         for fd in cfds[:3]:
             os.close(fd)
         conn.close()
+        last, handed_at = pid, time.monotonic()
 
 
 _zygote()

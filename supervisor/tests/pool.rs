@@ -195,6 +195,75 @@ fn a_jailed_run_is_warm_from_a_jailed_pool_and_says_why_not_otherwise() {
     );
 }
 
+/// A proc forked ahead builds its root before it knows its working directory. One that the
+/// zygote's view lacks (a new directory in the home, which the view shows only in part) has
+/// its top-level directory made anew, entry by entry, on the request; one the view has (under
+/// /usr, /etc, the project's tree) is attached over it. What the proc sees there, and writes,
+/// is a cold run's.
+#[test]
+fn a_jailed_warm_run_sees_its_directory_as_a_cold_one_under_any_top_level_directory() {
+    let pool = Pool::start_with(&[], |_| {});
+    let nowhere = tempfile::tempdir().unwrap();
+    let home = PathBuf::from(std::env::var_os("HOME").expect("HOME"));
+    let project = tempfile::tempdir_in(&home).unwrap();
+    std::fs::write(project.path().join("data.txt"), "project data\n").unwrap();
+    let tree = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let show = "import os\n\
+        up = os.path.dirname(os.getcwd())\n\
+        print(sorted(os.listdir('/')))\n\
+        print(up, sorted(os.listdir(up)))\n\
+        print(os.getcwd(), sorted(os.listdir('.'))[:20])\n\
+        if os.path.exists('data.txt'):\n\
+        \x20   print(open('data.txt').read().strip())\n\
+        \x20   open('written.txt', 'w').write('w')\n";
+    for dir in [
+        Path::new("/usr/share"),
+        Path::new("/etc"),
+        tree.path(),
+        project.path(),
+    ] {
+        let at = |pool_dir: &Path| {
+            let _ = std::fs::remove_file(project.path().join("written.txt"));
+            let o = Command::new(BIN)
+                .args(["--stats", "python3", "-c", show])
+                .env("SIGMA_POOL_DIR", pool_dir)
+                .current_dir(dir)
+                .output()
+                .unwrap();
+            let wrote = std::fs::read_to_string(project.path().join("written.txt")).ok();
+            (o, wrote)
+        };
+        let (warm, warm_wrote) = at(pool.dir.path());
+        let (cold, cold_wrote) = at(nowhere.path());
+        assert!(
+            start_of(&warm).contains("warm start"),
+            "{}",
+            start_of(&warm)
+        );
+        assert!(
+            start_of(&cold).contains("cold start"),
+            "{}",
+            start_of(&cold)
+        );
+        assert!(
+            warm.status.success(),
+            "{}",
+            String::from_utf8_lossy(&warm.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&warm.stdout),
+            String::from_utf8_lossy(&cold.stdout),
+            "in {}",
+            dir.display()
+        );
+        assert_eq!(warm_wrote, cold_wrote, "in {}", dir.display());
+    }
+    assert!(
+        std::fs::read_to_string(project.path().join("written.txt")).is_ok_and(|w| w == "w"),
+        "the proc's write in its project directory landed"
+    );
+}
+
 #[test]
 fn warm_and_cold_runs_agree() {
     let pool = Pool::start(&["json"]);
