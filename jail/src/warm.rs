@@ -156,6 +156,17 @@ impl ViewKey {
     }
 }
 
+/// A user namespace mapping root to `ids`, for idmapping a run's binds to a zygote's host ids
+/// ([`request_trees`]): made once per zygote by a root pool and handed to each client with its
+/// answer, so that a run does not make its own. None where it would not be used (not root, or
+/// the zygote runs as root).
+pub fn id_mapper(ids: (u32, u32)) -> Result<Option<OwnedFd>, String> {
+    if !nix::unistd::geteuid().is_root() || ids.0 == 0 {
+        return Ok(None);
+    }
+    crate::idmap::mapping_userns(ids.0, ids.1).map(Some)
+}
+
 /// The most binds of its own a warm run may have.
 pub const MAX_TREES: usize = 32;
 const _: () = assert!(MAX_TREES <= sys::MAX_PASSED_FDS);
@@ -164,8 +175,13 @@ const _: () = assert!(MAX_TREES <= sys::MAX_PASSED_FDS);
 /// ready to be attached in a zygote's child. A root client idmaps a bind marked so to the
 /// zygote's host ids `ids` (see `idmap.rs`); an ordinary user clones them in a user and mount
 /// namespace of a short-lived helper's (open_tree needs CAP_SYS_ADMIN over the mount's
-/// namespace), which sends them back.
-pub fn request_trees(binds: &[&Bind], ids: (u32, u32)) -> Result<Vec<OwnedFd>, String> {
+/// namespace), which sends them back. `mapper` is a user namespace that maps to `ids`
+/// ([`id_mapper`], kept by the pool for its zygote): without it a root client makes one.
+pub fn request_trees(
+    binds: &[&Bind],
+    ids: (u32, u32),
+    mapper: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<Vec<OwnedFd>, String> {
     let sources: Vec<(CString, bool, bool)> = binds
         .iter()
         .map(|b| {
@@ -175,20 +191,16 @@ pub fn request_trees(binds: &[&Bind], ids: (u32, u32)) -> Result<Vec<OwnedFd>, S
         })
         .collect::<Result<_, _>>()?;
     if nix::unistd::geteuid().is_root() {
-        let userns = if sources.iter().any(|s| s.2) && ids.0 != 0 {
-            Some(crate::idmap::mapping_userns(ids.0, ids.1)?)
-        } else {
-            None
+        let made = match mapper {
+            None if sources.iter().any(|s| s.2) && ids.0 != 0 => {
+                Some(crate::idmap::mapping_userns(ids.0, ids.1)?)
+            }
+            _ => None,
         };
+        let userns = mapper.or(made.as_ref().map(|u| u.as_fd()));
         return sources
             .iter()
-            .map(|(src, rw, idmap)| {
-                clone_one(
-                    src,
-                    *rw,
-                    userns.as_ref().filter(|_| *idmap).map(|u| u.as_fd()),
-                )
-            })
+            .map(|(src, rw, idmap)| clone_one(src, *rw, userns.filter(|_| *idmap)))
             .collect();
     }
     in_helper(&sources)

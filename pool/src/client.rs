@@ -113,8 +113,8 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
         jail: None,
         stats: req.stats,
     };
-    let (zygote, view) = match wire::recv::<wire::Answer>(conn.as_fd())? {
-        Some((wire::Answer::Warm { zygote, view }, _)) => (zygote, view),
+    let (zygote, view, mapper) = match wire::recv::<wire::Answer>(conn.as_fd())? {
+        Some((wire::Answer::Warm { zygote, view }, fds)) => (zygote, view, fds),
         Some((wire::Answer::Cold { why }, _)) => return Ok(Outcome::Cold(why)),
         None => return Ok(Outcome::Cold("the pool ended the request".into())),
     };
@@ -122,7 +122,7 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
     // without a Spawn (the connection closed) lets the zygote go on without forking.
     let trees = match (req.jail, view) {
         (None, None) => Vec::new(),
-        (Some(spec), Some(view)) => match jailed(spec, &view) {
+        (Some(spec), Some(view)) => match jailed(spec, &view, mapper.first()) {
             Ok((j, trees)) => {
                 spawn.jail = j;
                 trees
@@ -178,9 +178,11 @@ pub fn start(req: &WarmRequest<'_>) -> Result<Outcome, PoolError> {
 fn jailed(
     spec: &jail::JailSpec,
     view: &jail::warm::ViewKey,
+    mapper: Option<&OwnedFd>,
 ) -> Result<(Option<wire::SpawnJail>, Vec<OwnedFd>), String> {
     let extra = view.extra_binds(spec)?;
-    let trees = jail::warm::request_trees(&extra, (view.host_uid, view.host_gid))?;
+    let ids = (view.host_uid, view.host_gid);
+    let trees = jail::warm::request_trees(&extra, ids, mapper.map(|m| m.as_fd()))?;
     let hex = |p: &Path| wire::hex(p.as_os_str().as_bytes());
     let binds = extra
         .iter()

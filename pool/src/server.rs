@@ -432,13 +432,15 @@ impl Pool {
             self.zygotes[i] = Zygote::start(python, preloads, learned, self.jail.clone())?;
             return Ok(());
         }
+        let z = &self.zygotes[i];
+        let mapper: Vec<_> = z.mapper.iter().map(|m| m.as_fd()).collect();
         wire::send(
             conn,
             &wire::Answer::Warm {
-                zygote: self.zygotes[i].describe(),
-                view: self.zygotes[i].view.clone(),
+                zygote: z.describe(),
+                view: z.view.clone(),
             },
-            &[],
+            &mapper,
         )
     }
 }

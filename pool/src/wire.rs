@@ -138,7 +138,8 @@ pub enum Request {
 pub enum Answer {
     Warm {
         zygote: String,
-        /// A jailed zygote's view (its host ids for the run's idmapped binds).
+        /// A jailed zygote's view (its host ids for the run's idmapped binds). A root pool's
+        /// answer carries a user namespace mapping to them (`jail::warm::id_mapper`).
         #[serde(default)]
         view: Option<jail::warm::ViewKey>,
     },

@@ -657,6 +657,9 @@ def _zygote():
             os.close(init)
         default_signals()
         stat = own_stat()
+        for name, reseed in RESEED.items():
+            if name in sys.modules:
+                reseed(sys.modules[name])  # its own entropy, drawn ahead
         try:
             msg, fds = _recv_fds(sock, 1 << 20, 128)
         except BaseException:  # an error, or ^C meant for the pool
@@ -737,16 +740,20 @@ def _zygote():
         # is not shown).
         cwd = (req["jail"].get("workdir") or "2f") if jail is not None else req["cwd"]
         os.chdir(os.fsdecode(bytes.fromhex(cwd)))
-        os.environb.clear()
-        for kv in req["env"]:
-            k, _, v = bytes.fromhex(kv).partition(b"=")
-            os.environb[k] = v
+        env = [bytes.fromhex(kv).partition(b"=")[::2] for kv in req["env"]]
+        if [k for k, _ in env] == list(os.environb):
+            # The same names in the same order (a run from the pool's own environment): only
+            # the values that differ are set, each where it is (a rebuild would copy pages).
+            for k, v in env:
+                if os.environb[k] != v:
+                    os.environb[k] = v
+        else:
+            os.environb.clear()
+            for k, v in env:
+                os.environb[k] = v
         sys.orig_argv = argv
         for name in [m for m in sys.modules if m not in keep]:
             del sys.modules[name]
-        for name, reseed in RESEED.items():
-            if name in sys.modules:
-                reseed(sys.modules[name])
         main = sys.modules["__main__"]
         g = main.__dict__
         g.clear()

@@ -46,6 +46,9 @@ pub struct Zygote {
     /// view it said before "ready"; its procs complete their own jails.
     pub jailed: bool,
     pub view: Option<jail::warm::ViewKey>,
+    /// A root pool's user namespace mapping to the jailed zygote's host ids, handed to each
+    /// client for its binds' trees (`jail::warm::id_mapper`).
+    pub mapper: Option<OwnedFd>,
     /// How a jailed zygote was started.
     pub jail: Option<Jailed>,
     ctl: OwnedFd,
@@ -80,8 +83,14 @@ impl Zygote {
                 Ok(true)
             }
             Some((m, _)) if self.jailed && self.view.is_none() && m.starts_with(b"{") => {
-                let view = serde_json::from_slice(&m)
+                let view: jail::warm::ViewKey = serde_json::from_slice(&m)
                     .map_err(|e| PoolError::Protocol(format!("the zygote's view: {e}")))?;
+                // Without one each client makes its own.
+                self.mapper =
+                    jail::warm::id_mapper((view.host_uid, view.host_gid)).unwrap_or_else(|e| {
+                        tracing::warn!("pool: {e}");
+                        None
+                    });
                 self.view = Some(view);
                 Ok(false)
             }
@@ -256,6 +265,7 @@ impl Zygote {
             failed: None,
             jailed,
             view: None,
+            mapper: None,
             jail,
             ctl: ours,
             child,
