@@ -9,12 +9,13 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt as _;
 
 /// Why `command` (a Python command line) must start cold, if it must: an interpreter option
-/// (`-X`, `-I`, `-m`, ...: only `python3 SCRIPT` and `python3 -c CODE` are forked). (The
-/// environment the interpreter reads at start-up is compared by the pool: [`startup_env_of`].)
+/// (`-X`, `-I`, ...: only `python3 SCRIPT`, `python3 -c CODE` and `python3 -m MODULE` are
+/// forked). (The environment the interpreter reads at start-up is compared by the pool:
+/// [`startup_env_of`].)
 pub fn cold_reason(command: &[OsString]) -> Option<String> {
     match command.get(1).map(|a| a.as_bytes()) {
         None => return Some("no script (an interactive interpreter)".into()),
-        Some(b"-c") if command.len() >= 3 => {}
+        Some(b"-c" | b"-m") if command.len() >= 3 => {}
         Some(a) if a.starts_with(b"-") => {
             return Some(format!(
                 "the interpreter option {}",
@@ -42,10 +43,14 @@ pub fn startup_env_of(env: &[(OsString, OsString)]) -> Vec<String> {
 }
 
 /// Top-level module names the program's source imports (`import a.b, c` and `from a import
-/// b` lines, at any indentation): `-c CODE`, or the script's first MiB.
+/// b` lines, at any indentation): `-c CODE`, or the script's first MiB; `-m MODULE` imports
+/// its top-level package (its source is not looked for).
 pub fn imports_of(command: &[OsString]) -> Vec<String> {
     let source = match command.get(1).map(|a| a.as_bytes()) {
         Some(b"-c") => command.get(2).map(|c| c.to_string_lossy().into_owned()),
+        Some(b"-m") => command
+            .get(2)
+            .map(|m| format!("import {}", m.to_string_lossy())),
         Some(_) => {
             use std::io::Read as _;
             let mut text = Vec::new();
@@ -128,6 +133,9 @@ mod tests {
             .contains("-I"));
         assert!(cold_reason(&cmd(&["python3", "x.py"])).is_none());
         assert!(cold_reason(&cmd(&["python3", "-c", "pass"])).is_none());
+        assert!(cold_reason(&cmd(&["python3", "-m", "json.tool", "x"])).is_none());
+        assert!(cold_reason(&cmd(&["python3", "-m"])).is_some());
+        assert_eq!(imports_of(&cmd(&["python3", "-m", "json.tool"])), ["json"]);
         let env = [
             (OsString::from("PYTHONHASHSEED"), OsString::from("0")),
             (OsString::from("HOME"), OsString::from("/root")),

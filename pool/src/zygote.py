@@ -758,9 +758,16 @@ def _zygote():
         g = main.__dict__
         g.clear()
         g.update(base_main)
+        module = None
         if argv[1] == "-c":
             sys.argv = ["-c"] + argv[3:]
             code = compile(argv[2], "<string>", "exec", dont_inherit=True)
+        elif argv[1] == "-m":
+            # As `python3 -m MODULE` runs it: sys.path[0] the working directory, runpy finding
+            # the module, making it __main__ and its file sys.argv[0].
+            module, code = argv[2], None
+            sys.argv = ["-m"] + argv[3:]
+            sys.path[0] = os.getcwd()
         else:
             sys.argv = argv[1:]
             # As the interpreter names it (3.9+): __file__ and tracebacks say the absolute path.
@@ -777,7 +784,10 @@ def _zygote():
         mark(2, b"run")
         try:
             try:
-                exec(code, g)
+                if module is not None:
+                    __import__("runpy")._run_module_as_main(module, alter_argv=True)
+                else:
+                    exec(code, g)
             finally:
                 if page is not None:
                     record(page, imports, excluded)
@@ -822,7 +832,7 @@ def _zygote():
         # As the interpreter ends, without tearing down the heap the proc shares with its
         # zygote (finalising it would touch, and so copy, every page of it): threads joined,
         # atexit run, every file the program left open flushed (as their finalisation would),
-        # stdout and stderr flushed (120 if stdout cannot be); then _exit.
+        # stdout and stderr flushed (120 if one cannot be); then _exit.
         try:
             if "threading" in sys.modules:
                 sys.modules["threading"]._shutdown()
@@ -837,11 +847,13 @@ def _zygote():
         except BaseException:
             pass
         for f in (sys.stdout, sys.stderr):
+            # As the interpreter's end: a closed one is left alone, one that cannot be flushed
+            # makes the status 120.
             try:
-                f.flush()
+                if not f.closed:
+                    f.flush()
             except BaseException:
-                if f is sys.stdout:
-                    status = 120
+                status = 120
         for conn in said_at_end:
             # --stats: the memory of its own (private pages), the rest shared with its zygote.
             try:
@@ -882,7 +894,9 @@ def _zygote():
         watch = select.poll()
         watch.register(ctl, select.POLLIN)
         watch.register(woken, select.POLLIN)
-        by_fd = {fd: pid for pid, fd in ended.items()}
+        # A copy made in one call: reap (a signal handler) may change `ended` between two
+        # steps of Python code.
+        by_fd = {fd: pid for pid, fd in list(ended.items())}
         for fd in by_fd:
             watch.register(fd, 0)
         try:

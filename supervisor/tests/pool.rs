@@ -68,15 +68,21 @@ impl Drop for Pool {
 
 /// A run of `python3 ARGS` under the supervisor (--no-jail, --stats), in `cwd`, with `pool_dir`.
 fn run(pool_dir: &Path, cwd: &Path, args: &[&str], stdin: &[u8], extra: &[&str]) -> Output {
-    use std::io::Write as _;
-    let mut child = Command::new(BIN)
-        .args(["--no-jail", "--stats"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--no-jail", "--stats"])
         .args(extra)
         .arg("python3")
         .args(args)
+        .env("GREETING", "héllo wörld");
+    interp_run(cmd, cwd, pool_dir, stdin)
+}
+
+/// `cmd` (the supervisor with its arguments) in `cwd` with `pool_dir`, `stdin` written.
+fn interp_run(mut cmd: Command, cwd: &Path, pool_dir: &Path, stdin: &[u8]) -> Output {
+    use std::io::Write as _;
+    let mut child = cmd
         .current_dir(cwd)
         .env("SIGMA_POOL_DIR", pool_dir)
-        .env("GREETING", "héllo wörld")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -311,6 +317,58 @@ fn warm_and_cold_runs_agree() {
         assert_eq!(warm.status.code(), cold.status.code());
         let with_json = start_of(&warm).contains("[json]");
         assert_eq!(with_json, code.contains("json"), "{}", start_of(&warm));
+    }
+    // -m MODULE: a module of the working directory's (argv, sys.path[0], __main__, __file__,
+    // __spec__), its exception, a missing one, a package's tool with stdin; jailed and not.
+    std::fs::write(
+        work.path().join("shown.py"),
+        "import sys\nprint(sys.argv, sys.path[0], __name__, __file__, __spec__.name)\n\
+         print(sorted(m for m in sys.modules if m in ('runpy', 'json', 'pkgutil')))\n",
+    )
+    .unwrap();
+    std::fs::write(
+        work.path().join("failing.py"),
+        "raise ValueError('from -m')\n",
+    )
+    .unwrap();
+    let jailed_pool = Pool::start_with(&[], |_| {});
+    for (args, stdin) in [
+        (&["-m", "shown", "one", "two words"][..], &b""[..]),
+        (&["-m", "failing"][..], b""),
+        (&["-m", "no_such_module_here"][..], b""),
+        (
+            &["-m", "json.tool", "--sort-keys"][..],
+            b"{\"b\": 1, \"a\": [2]}",
+        ),
+    ] {
+        for (pool_dir, jailed) in [(pool.dir.path(), false), (jailed_pool.dir.path(), true)] {
+            let warm = if jailed {
+                let mut c = Command::new(BIN);
+                c.args(["--stats", "--warm", "python3"]).args(args);
+                interp_run(c, work.path(), pool_dir, stdin)
+            } else {
+                run(pool_dir, work.path(), args, stdin, &["--warm"])
+            };
+            let cold = if jailed {
+                let mut c = Command::new(BIN);
+                c.args(["--stats", "python3"]).args(args);
+                interp_run(c, work.path(), nowhere.path(), stdin)
+            } else {
+                run(nowhere.path(), work.path(), args, stdin, &[])
+            };
+            assert!(
+                start_of(&warm).contains("warm start"),
+                "{args:?}: {}",
+                start_of(&warm)
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&warm.stdout),
+                String::from_utf8_lossy(&cold.stdout),
+                "{args:?} (jailed: {jailed})"
+            );
+            assert_eq!(program_stderr(&warm), program_stderr(&cold), "{args:?}");
+            assert_eq!(warm.status.code(), cold.status.code(), "{args:?}");
+        }
     }
     // What a zygote cannot reproduce goes cold, and says why.
     let o = run(
