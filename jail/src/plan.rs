@@ -450,6 +450,17 @@ impl JailSpec {
     }
 }
 
+/// The harmless character devices a jail's /dev binds from the host (those the host has), each
+/// read-write (Landlock lets the proc write them): /dev/tty only with a terminal.
+pub(crate) fn dev_nodes(tty: bool) -> Vec<PathBuf> {
+    ["null", "zero", "full", "random", "urandom", "tty"]
+        .into_iter()
+        .filter(|n| tty || *n != "tty")
+        .map(|name| PathBuf::from("/dev").join(name))
+        .filter(|host| std::fs::metadata(host).is_ok())
+        .collect()
+}
+
 /// A minimal /dev: a tmpfs with the harmless character devices bound from the host, a private
 /// devpts, shm, and the usual symlinks.
 fn dev_steps(
@@ -463,12 +474,7 @@ fn dev_steps(
         data: CString::new("mode=0755,size=64k").expect("no NUL"),
         flags: (libc::MS_NOSUID | libc::MS_NOEXEC),
     });
-    let nodes = ["null", "zero", "full", "random", "urandom", "tty"];
-    for name in nodes.into_iter().filter(|n| tty || *n != "tty") {
-        let host = PathBuf::from("/dev").join(name);
-        if std::fs::metadata(&host).is_err() {
-            continue;
-        }
+    for host in dev_nodes(tty) {
         let path = cstr(&built(&host))?;
         steps.push(Step::File { path: path.clone() });
         steps.push(Step::Attach {

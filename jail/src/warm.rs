@@ -74,13 +74,14 @@ pub fn hides_under(spec: &JailSpec, extra: &[&Bind]) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Where the proc may write: its read-write binds (with `/tmp`, `/dev/shm` and `/dev/pts`,
-/// which every proc has), as Landlock is told in a cold jail.
+/// Where the proc may write: its read-write binds and the devices its /dev binds (with `/tmp`,
+/// `/dev/shm` and `/dev/pts`, which every proc has), as Landlock is told in a cold jail.
 pub fn writable_dsts(spec: &JailSpec) -> Vec<PathBuf> {
     spec.binds
         .iter()
         .filter(|b| b.rw)
         .map(|b| b.dst.clone())
+        .chain(crate::plan::dev_nodes(spec.dev_tty))
         .collect()
 }
 

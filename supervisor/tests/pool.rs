@@ -219,6 +219,11 @@ fn a_jailed_warm_run_sees_its_directory_as_a_cold_one_under_any_top_level_direct
         print(sorted(os.listdir('/')))\n\
         print(up, sorted(os.listdir(up)))\n\
         print(os.getcwd(), sorted(os.listdir('.'))[:20])\n\
+        for d in ('null', 'zero', 'full'):\n\
+        \x20   try:\n\
+        \x20       print(d, open('/dev/' + d, 'wb', 0).write(b'x'))\n\
+        \x20   except OSError as e:\n\
+        \x20       print(d, e.errno)\n\
         if os.path.exists('data.txt'):\n\
         \x20   print(open('data.txt').read().strip())\n\
         \x20   open('written.txt', 'w').write('w')\n";
