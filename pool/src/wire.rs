@@ -53,7 +53,23 @@ pub type Datagram = (Vec<u8>, Vec<OwnedFd>);
 /// One datagram and the descriptors that came with it (owned at once, so none leaks);
 /// `Ok(None)` at EOF.
 pub fn recv_raw(sock: BorrowedFd<'_>) -> Result<Option<Datagram>, PoolError> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+    // The datagram's length first (MSG_TRUNC), so that the buffer is its size: most messages
+    // are a few hundred bytes, and a zeroed MAX_MESSAGE each time cost ~0.3 ms.
+    let peek = MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC;
+    let len = loop {
+        match nix::sys::socket::recv(sock.as_raw_fd(), &mut [], peek) {
+            Ok(n) => break n,
+            Err(Errno::EINTR) => continue,
+            Err(Errno::ECONNRESET) => return Ok(None),
+            Err(e) => {
+                return Err(PoolError::Io {
+                    what: "reading the pool's socket",
+                    errno: e,
+                })
+            }
+        }
+    };
+    let mut buf = vec![0u8; len.clamp(1, MAX_MESSAGE)];
     let mut space = nix::cmsg_space!([RawFd; 16]);
     loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
