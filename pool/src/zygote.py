@@ -1,11 +1,12 @@
 # The zygote: `python3 -c "exec(<this, read from stdin>)" CTL_FD PRELOADS`, started by the pool.
 # It imports PRELOADS (comma-separated), freezes the heap, forks its first proc ahead of any
 # request (a ready proc: forked, its σcontainer made as far as no request changes it, its
-# signals and /proc/self/stat taken), says "ready" on CTL_FD, then for each client connection
-# the pool passes it: reads the client's request (identity, the compiled filter, stdio and the
-# report pipe) and hands it to the ready proc, which completes its σcontainer, installs the
-# proc's filter with its own listener, hands pidfd + listener to the client, waits for "go",
-# takes the identity and runs the program as `python3 script.py` / `python3 -c CODE` would.
+# signals and /proc/self/stat taken), says "ready" on CTL_FD, then hands each client
+# connection the pool passes it to the ready proc. That proc reads the client's request itself
+# (identity, the compiled filter, stdio and the report pipe, which it passes back to the
+# zygote), completes its σcontainer, installs the proc's filter with its own listener, hands
+# pidfd + listener to the client, waits for "go", takes the identity and runs the program as
+# `python3 script.py`, `-c CODE` or `-m MODULE` would. No client holds the zygote up.
 # The zygote makes the next ready proc once that one has ended or run for AHEAD (a fork beside
 # a starting proc would slow it down), reaps its procs and writes how each ended to its
 # client's report pipe (jail::init::Ended's two bytes).
@@ -429,6 +430,8 @@ def _zygote():
 
     ctl = socket.socket(fileno=ctl_fd)
     ended = {}  # child pid -> the client's report pipe
+    pending = {}  # child pid -> (its Ready, learning), handed a client not yet taken
+    early = {}  # child pid -> its report, for one that ended before it was taken
 
     def reap(*_):
         while True:
@@ -438,24 +441,30 @@ def _zygote():
                 return
             if pid == 0:
                 return
-            fd = ended.pop(pid, None)
             if jail is not None:
                 jail.ended(pid)
-            if fd is None:
-                continue
             if os.WIFSIGNALED(status):
                 sig = os.WTERMSIG(status)
                 report = bytes([(128 + sig) & 0xFF, sig])
             else:
                 report = bytes([os.WEXITSTATUS(status) & 0xFF, 0])
-            try:
-                os.write(fd, report)
-            except OSError:
-                pass
-            os.close(fd)
-            page = pages.pop(pid, None)
-            if page is not None:
-                send_imported(page)
+            if pid in ended:
+                finish(pid, report)
+            elif pid in pending:
+                early[pid] = report  # said once its report pipe is here (taken)
+            # Else a ready proc that ended unasked, or before it took its request.
+
+    def finish(pid, report):
+        # How the proc ended, to its client; what it imported, to the pool.
+        fd = ended.pop(pid)
+        try:
+            os.write(fd, report)
+        except OSError:
+            pass
+        os.close(fd)
+        page = pages.pop(pid, None)
+        if page is not None:
+            send_imported(page)
 
     def send_imported(page):
         # What the proc wrote is untrusted: bounded, each name checked, at most 32.
@@ -625,10 +634,11 @@ def _zygote():
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
             theirs.close()
 
-        def hand_over(self, payload, fds):
-            # Err: the ready proc is gone (killed); its namespaces' init is ended on its reaping.
-            socket.send_fds(self.sock, [payload], fds)
-            self.sock.close()
+        def hand_over(self, hand, conn):
+            # The client's connection, which the proc reads its request from itself; Err: the
+            # ready proc is gone (killed; its namespaces' init is ended on its reaping). Its
+            # report pipe comes back on `sock` ([`taken`]).
+            socket.send_fds(self.sock, [hand], [conn])
 
         def drop(self):
             self.sock.close()  # it ends, unasked
@@ -661,18 +671,31 @@ def _zygote():
             if name in sys.modules:
                 reseed(sys.modules[name])  # its own entropy, drawn ahead
         try:
-            msg, fds = _recv_fds(sock, 1 << 20, 128)
+            msg, fds = _recv_fds(sock, 1 << 16, 1)
         except BaseException:  # an error, or ^C meant for the pool
             os._exit(125)
         if not fds:
             os._exit(0)  # the zygote retired it
-        libc.prctl(1, 0, 0, 0, 0)  # from here a proc as a forked one is
-        sock.close()
-        n = int.from_bytes(msg[:4], "little")
-        hand, req = json.loads(msg[4:4 + n]), json.loads(msg[4 + n:])
+        # The request, from its client: stdio, the report pipe, its descriptors and its trees.
         conn = socket.socket(fileno=fds[0])
-        conn.setblocking(True)  # the zygote read it with a timeout
-        fds = fds[1:]
+        conn.settimeout(2)  # a client that stalls is given up after two seconds
+        try:
+            hand = json.loads(msg)
+            msg, fds = _recv_fds(conn, 1 << 20, 64)
+            req = json.loads(msg)
+            # A jailed zygote forks only jailed procs, each with its trees after its fds.
+            trees = len(req["jail"]["binds"]) if jail is not None else 0
+            if (req.get("jail") is None) != (jail is None) or not isinstance(hand, dict):
+                raise ValueError
+            if len(fds) != 4 + len(req["fds"]) + trees:
+                raise ValueError
+            # The report pipe, to the zygote that reaps the proc and says how it ended.
+            socket.send_fds(sock, [b"taken"], [fds[3]])
+        except BaseException:
+            os._exit(0)  # its client sees the connection close, and starts cold
+        conn.settimeout(None)
+        sock.close()
+        libc.prctl(1, 0, 0, 0, 0)  # from here a proc as a forked one is
         mark(fds[2], b"taken")
         if failed is None and jail is not None:
             try:
@@ -888,12 +911,39 @@ def _zygote():
     AHEAD = 0.05  # seconds after a hand-over, when its proc still runs, to make the next ready
     last, handed_at, retry_at = None, 0.0, 0.0
 
+    def taken_by(pid, wait=False):
+        # A pending proc's word that it took its request, with its client's report pipe; EOF
+        # when it gave the request up (or ended) first. SIGCHLD is blocked meanwhile.
+        r, learn = pending[pid]
+        try:
+            _, got = _recv_fds(r.sock, 16, 1, 0 if wait else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            got = []
+        del pending[pid]
+        r.sock.close()
+        if not got:
+            r.page.close()
+            early.pop(pid, None)
+            return
+        ended[pid] = got[0]
+        if learn:
+            pages[pid] = r.page
+        else:
+            r.page.close()
+        if pid in early:
+            finish(pid, early.pop(pid))
+
     def client_gone(timeout):
         # A proc does not outlive its client (its supervisor): the read end of the report
         # pipe closes with the client, and the write end we hold then polls POLLERR.
         watch = select.poll()
         watch.register(ctl, select.POLLIN)
         watch.register(woken, select.POLLIN)
+        asked = {r.sock.fileno(): pid for pid, (r, _) in list(pending.items())}
+        for fd in asked:
+            watch.register(fd, select.POLLIN)
         # A copy made in one call: reap (a signal handler) may change `ended` between two
         # steps of Python code.
         by_fd = {fd: pid for pid, fd in list(ended.items())}
@@ -905,7 +955,11 @@ def _zygote():
             return
         for fd, ev in polled:
             pid = by_fd.get(fd)
-            if fd == woken:
+            if fd in asked:
+                signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+                taken_by(asked[fd])
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+            elif fd == woken:
                 try:
                     os.read(woken, 512)
                 except OSError:
@@ -922,7 +976,8 @@ def _zygote():
         # The next proc is made ready once the last one handed over has ended, or has run
         # AHEAD seconds: not while it starts, which a fork beside it would slow down.
         now = time.monotonic()
-        due = max(retry_at, now if last not in ended else handed_at + AHEAD)
+        running = last in ended or last in pending
+        due = max(retry_at, handed_at + AHEAD if running else now)
         if ready is None and now >= due:
             try:
                 ready = Ready()
@@ -944,65 +999,38 @@ def _zygote():
             if ready is not None:
                 ready.drop()
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+            for pid in list(pending):
+                taken_by(pid, wait=True)
             reap()
             while ended:
                 signal.sigwait([signal.SIGCHLD])
                 reap()
             os._exit(0)
-        conn = socket.socket(fileno=fds[0])
-        conn.settimeout(2)  # a client that stalls holds this zygote up two seconds at most
-        try:
-            msg, cfds = _recv_fds(conn, 1 << 20, 64)
-            req = json.loads(msg)
-            # A jailed zygote forks only jailed procs, each with its trees after its fds.
-            trees = len(req["jail"]["binds"]) if jail is not None else 0
-            if (req.get("jail") is None) != (jail is None):
-                raise ValueError
-        except (OSError, ValueError, KeyError, TypeError):
-            msg, cfds, req, trees = b"", [], {}, 0
-        if not msg or len(cfds) != 4 + len(req.get("fds", [])) + trees:
-            for fd in cfds:
-                os.close(fd)
-            conn.close()
-            continue
-        mark(cfds[2], b"request")
         h = json.dumps(hand).encode()
-        payload = len(h).to_bytes(4, "little") + h + msg
         pid = -1
+        # Its end is not reaped before it is known as taken or pending.
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
         for again in (False, True):
             try:
                 if ready is None:
                     ready = Ready()
+                    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
                 taken, ready = ready, None
-                # Its end is not reaped before it is known as a proc.
-                signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
-                taken.hand_over(payload, [conn.fileno()] + cfds)
+                taken.hand_over(h, fds[0])
                 pid = taken.pid
                 break
             except OSError as e:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
                 if again:
                     try:
-                        conn.send(json.dumps({"error": "forking the proc: %s" % e}).encode())
+                        msg = json.dumps({"error": "forking the proc: %s" % e}).encode()
+                        os.write(fds[0], msg)
                     except OSError:
                         pass
-        for fd in cfds[4:]:
-            os.close(fd)  # its own descriptors and trees are the proc's
-        if pid < 0:
-            for fd in cfds[:4]:
-                os.close(fd)
-            conn.close()
-            continue
-        ended[pid] = cfds[3]
-        if hand.get("learn"):
-            pages[pid] = taken.page
-        else:
-            taken.page.close()
+        os.close(fds[0])
+        if pid > 0:
+            pending[pid] = (taken, bool(hand.get("learn")))
+            last, handed_at = pid, time.monotonic()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-        for fd in cfds[:3]:
-            os.close(fd)
-        conn.close()
-        last, handed_at = pid, time.monotonic()
 
 
 _zygote()
