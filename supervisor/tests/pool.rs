@@ -275,6 +275,68 @@ fn a_jailed_warm_run_sees_its_directory_as_a_cold_one_under_any_top_level_direct
     );
 }
 
+/// A client that asks for a proc and then says nothing holds up no other run: the zygote hands
+/// each connection to its ready proc at once (which gives a silent client up after two
+/// seconds), so a second client's warm run ends while the first is still waiting.
+#[test]
+fn a_client_that_stalls_holds_up_no_other_run() {
+    let pool = Pool::start(&[]);
+    let work = tempfile::tempdir().unwrap();
+    let python = pool::server::which(Path::new("python3")).unwrap();
+    // Asks as a client does, then waits on its connection: "closed" once it is given up.
+    let stall = "import json, os, socket, sys\n\
+        env = os.environ\n\
+        startup = sorted('%s=%s' % (k, v) for k, v in env.items()\n\
+        \x20                if k == 'LANG' or k.startswith(('LC_', 'PYTHON')))\n\
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+        s.connect(sys.argv[1])\n\
+        s.send(json.dumps({'op': 'run', 'python': sys.argv[2], 'imports': [],\n\
+        \x20                  'startup': startup}).encode())\n\
+        print(list(json.loads(s.recv(65536))), flush=True)\n\
+        s.recv(1)\n\
+        print('closed', flush=True)\n";
+    let mut staller = Command::new("python3")
+        .args(["-c", stall])
+        .arg(pool.dir.path().join("pool.sock"))
+        .arg(&python)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Each line the staller says, with when it was read.
+    let out = staller.stdout.take().unwrap();
+    let (tx, said) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+            let _ = tx.send((line.unwrap_or_default(), Instant::now()));
+        }
+    });
+    let (answer, _) = said.recv().unwrap();
+    assert_eq!(answer, "['warm']", "the staller's answer");
+    let o = run(
+        pool.dir.path(),
+        work.path(),
+        &["-c", "print('on')"],
+        b"",
+        &["--warm"],
+    );
+    let ran = Instant::now();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "on\n",
+        "{}",
+        start_of(&o)
+    );
+    assert!(start_of(&o).contains("warm start"), "{}", start_of(&o));
+    // The staller's connection was given up only after the run had ended, not to let it run.
+    let (closed, at) = said.recv().unwrap();
+    assert_eq!(
+        closed, "closed",
+        "the staller's connection is given up in the end"
+    );
+    assert!(at > ran, "the run waited for the staller to be given up");
+    let _ = staller.wait();
+}
+
 #[test]
 fn warm_and_cold_runs_agree() {
     let pool = Pool::start(&["json"]);
