@@ -445,12 +445,42 @@ impl Pool {
     }
 }
 
-/// Run the pool in the foreground until `--stop` (or a signal).
+/// The variables of systemd's socket activation: read by the pool, passed to no zygote.
+pub const ACTIVATION: [&str; 3] = ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"];
+
+/// The socket systemd listens on for the pool (a user unit's `ListenSequentialPacket=` at the
+/// pool's path; README), when it started this process for it: `LISTEN_PID` ours and
+/// `LISTEN_FDS` 1.
+fn activated() -> Result<Option<OwnedFd>, PoolError> {
+    let ours = std::env::var("LISTEN_PID")
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+        == Some(std::process::id());
+    match std::env::var("LISTEN_FDS").ok().filter(|_| ours).as_deref() {
+        None => Ok(None),
+        Some("1") => wire::activated_listener()
+            .map(Some)
+            .map_err(|e| PoolError::Setup(format!("socket activation: {e}"))),
+        Some(n) => Err(PoolError::Setup(format!(
+            "socket activation passed {n} sockets: the pool listens on one"
+        ))),
+    }
+}
+
+/// Run the pool in the foreground until `--stop` (or a signal); on the socket systemd passes
+/// it when socket-activated.
 pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
     let python = which(&opts.python)?;
-    own_dir(&crate::socket_dir())?;
     let path = crate::socket_path();
-    let listener = listen_on(&path)?;
+    let activated = activated()?;
+    let by_systemd = activated.is_some();
+    let listener = match activated {
+        Some(l) => l,
+        None => {
+            own_dir(&crate::socket_dir())?;
+            listen_on(&path)?
+        }
+    };
     let mut zygotes = vec![Zygote::start(
         python.clone(),
         Vec::new(),
@@ -545,7 +575,10 @@ pub fn serve(opts: &PoolOpts) -> Result<(), PoolError> {
             Err(e) => tracing::warn!("pool: {e}"),
         }
     }
-    let _ = std::fs::remove_file(&path);
+    if !by_systemd {
+        // systemd's socket stays, to start the pool again at the next connection.
+        let _ = std::fs::remove_file(&path);
+    }
     Ok(())
 }
 

@@ -282,6 +282,30 @@ pub fn accepted(fd: RawFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
+/// The listening socket systemd hands a socket-activated service as descriptor 3, if it is a
+/// listening SEQPACKET socket (close-on-exec from here); Err: what it is instead.
+pub fn activated_listener() -> Result<OwnedFd, String> {
+    use nix::sys::socket::{getsockopt, sockopt};
+    // SAFETY: descriptor 3 is only borrowed for the checks, which fail if it is not open.
+    let fd = unsafe { BorrowedFd::borrow_raw(3) };
+    match (
+        getsockopt(&fd, sockopt::SockType),
+        getsockopt(&fd, sockopt::AcceptConn),
+    ) {
+        (Ok(nix::sys::socket::SockType::SeqPacket), Ok(true)) => {}
+        (Err(e), _) | (_, Err(e)) => return Err(format!("descriptor 3: {}", e.desc())),
+        _ => return Err("descriptor 3 is not a listening SEQPACKET socket".into()),
+    }
+    nix::fcntl::fcntl(
+        fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(|e| format!("descriptor 3: {}", e.desc()))?;
+    // SAFETY: descriptor 3 is the socket systemd passed this process for it alone (checked
+    // above); nothing else here owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(3) })
+}
+
 /// Hex of a byte string (argv, environ and the filter travel as such).
 pub fn hex(bytes: &[u8]) -> String {
     hex::encode(bytes)

@@ -231,7 +231,8 @@ impl Zygote {
         let env: Vec<_> = std::env::vars_os()
             .filter(|(k, v)| {
                 !(jail::env::is_credential(k.as_bytes())
-                    || jail::env::carries_password(v.as_bytes()))
+                    || jail::env::carries_password(v.as_bytes())
+                    || crate::server::ACTIVATION.iter().any(|a| k == a))
             })
             .collect();
         cmd.envs(env.iter().cloned());

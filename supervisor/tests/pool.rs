@@ -337,6 +337,91 @@ fn a_client_that_stalls_holds_up_no_other_run() {
     let _ = staller.wait();
 }
 
+/// Socket activation: started by systemd on the socket it listens on (here a stand-in that
+/// listens and execs the pool as systemd would: the socket as descriptor 3, `LISTEN_PID` and
+/// `LISTEN_FDS`), the pool serves on it, passes the activation's variables to no zygote, and
+/// leaves the socket in place when it stops.
+#[test]
+fn a_socket_activated_pool_serves_on_the_socket_it_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("pool.sock");
+    let systemd = "import os, socket, sys\n\
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+        s.bind(sys.argv[1])\n\
+        s.listen(16)\n\
+        os.dup2(s.fileno(), 3)\n\
+        os.set_inheritable(3, True)\n\
+        env = dict(os.environ, LISTEN_PID=str(os.getpid()), LISTEN_FDS='1', PATH=sys.argv[3])\n\
+        os.execve(sys.argv[2], [sys.argv[2], 'pool', '--no-jail'], env)\n";
+    let mut pool = Command::new("python3")
+        .args(["-c", systemd])
+        .arg(&sock)
+        .arg(BIN)
+        // The test's own PATH (an interpreter's wrapper may change it), so that the pool's
+        // python3 is its clients'.
+        .arg(std::env::var_os("PATH").unwrap_or_default())
+        .env("SIGMA_POOL_DIR", dir.path())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while !sock.exists() {
+        assert!(Instant::now() < until, "the stand-in did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Its first client waits in the socket's backlog while the pool starts.
+    let work = tempfile::tempdir().unwrap();
+    let o = run(
+        dir.path(),
+        work.path(),
+        &["-c", "print('activated')"],
+        b"",
+        &["--warm"],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "activated\n",
+        "{}",
+        start_of(&o)
+    );
+    assert!(start_of(&o).contains("warm start"), "{}", start_of(&o));
+    let status = Command::new(BIN)
+        .args(["pool", "--status"])
+        .env("SIGMA_POOL_DIR", dir.path())
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    let zygote = status
+        .lines()
+        .find_map(|l| l.strip_prefix("zygote pid "))
+        .and_then(|l| l.split(' ').next())
+        .unwrap_or_else(|| panic!("no zygote in {status}"));
+    let environ = std::fs::read(format!("/proc/{zygote}/environ")).unwrap();
+    for var in ["LISTEN_PID=", "LISTEN_FDS="] {
+        assert!(
+            !environ
+                .split(|&b| b == 0)
+                .any(|e| e.starts_with(var.as_bytes())),
+            "the zygote got {var}"
+        );
+    }
+    let stop = Command::new(BIN)
+        .args(["pool", "--stop"])
+        .env("SIGMA_POOL_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    assert!(pool.wait().unwrap().success());
+    assert!(
+        sock.exists(),
+        "the socket systemd listens on is left in place"
+    );
+}
+
 #[test]
 fn warm_and_cold_runs_agree() {
     let pool = Pool::start(&["json"]);
