@@ -253,6 +253,12 @@ class _Jail:
                 mount(T + p, T + p, None, self.MS_BIND | self.MS_REC)
                 mount(None, T + p, None, self.MS_REMOUNT | self.MS_BIND | self.MS_RDONLY
                       | self.MS_NOSUID | self.MS_NODEV | self.MS_NOEXEC)
+        self.own_dev()
+
+    def own_dev(self):
+        # The proc's own /dev/shm and /dev/pts, over the zygote's.
+        import os
+        mount, T = self.mount, self.T
         if os.path.isdir(T + b"/dev/shm"):
             mount(b"tmpfs", T + b"/dev/shm", b"tmpfs", self.MS_NOSUID | self.MS_NODEV, b"mode=1777")
         if os.path.isdir(T + b"/dev/pts"):
@@ -273,13 +279,16 @@ class _Jail:
                 needed.add(p)
                 p = os.path.dirname(p)
         # A top-level directory on the way to a bind was bound whole ahead: made anew, filled
-        # entry by entry (the bind needs a mount point the zygote's view does not have).
+        # entry by entry (the bind needs a mount point the zygote's view does not have). The
+        # proc's own /dev/shm and /dev/pts go with /dev: mounted again over the zygote's.
         for name in self.root:
             p = b"/" + os.fsencode(name)
             if (p in needed and p not in (b"/proc", b"/tmp") and os.path.isdir(p)
                     and not os.path.islink(p)):
                 self.check(libc.umount2(T + p, 2), "unbinding %s" % name)  # MNT_DETACH
                 self.fill(p, os.listdir(p), needed)
+                if p == b"/dev":
+                    self.own_dev()
         mount(b"tmpfs", T + b"/tmp", b"tmpfs", self.MS_NOSUID | self.MS_NODEV,
               b"mode=1777,size=%d" % int(j.get("tmp_size", 1 << 30)))
         for dst, isdir, fd in sorted(binds, key=lambda b: b[0].count(b"/")):

@@ -422,6 +422,53 @@ fn a_socket_activated_pool_serves_on_the_socket_it_is_given() {
     );
 }
 
+/// A bind under /dev has /dev made anew on the request: each proc still has /dev/shm and
+/// /dev/pts of its own, never its zygote's, so a sibling's shared-memory file is not seen.
+#[test]
+fn a_bind_under_dev_leaves_each_warm_proc_its_own_shm() {
+    let pool = Pool::start_with(&[], |_| {});
+    let work = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("f"), "shown\n").unwrap();
+    let bind = format!("{}:/dev/extra", src.path().display());
+    let warm = |code: &str| {
+        Command::new(BIN)
+            .args(["--stats", "--warm", "--bind", &bind, "python3", "-c", code])
+            .env("SIGMA_POOL_DIR", pool.dir.path())
+            .current_dir(work.path())
+            .output()
+            .unwrap()
+    };
+    let first = warm(
+        "import os\n\
+         open('/dev/shm/left-by-first', 'w').write('x')\n\
+         print(open('/dev/extra/f').read().strip(), sorted(os.listdir('/dev/shm')))",
+    );
+    assert!(
+        start_of(&first).contains("warm start"),
+        "{}",
+        start_of(&first)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&first.stdout),
+        "shown ['left-by-first']\n",
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let second = warm("import os; print(os.listdir('/dev/shm'), os.listdir('/dev/pts'))");
+    assert!(
+        start_of(&second).contains("warm start"),
+        "{}",
+        start_of(&second)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&second.stdout),
+        "[] ['ptmx']\n",
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+}
+
 #[test]
 fn warm_and_cold_runs_agree() {
     let pool = Pool::start(&["json"]);
