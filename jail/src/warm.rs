@@ -193,9 +193,7 @@ pub fn request_trees(
         .collect::<Result<_, _>>()?;
     if nix::unistd::geteuid().is_root() {
         let made = match mapper {
-            None if sources.iter().any(|s| s.2) && ids.0 != 0 => {
-                Some(crate::idmap::mapping_userns(ids.0, ids.1)?)
-            }
+            None if sources.iter().any(|s| s.2) => id_mapper(ids)?,
             _ => None,
         };
         let userns = mapper.or(made.as_ref().map(|u| u.as_fd()));

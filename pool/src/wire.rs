@@ -55,18 +55,17 @@ pub type Datagram = (Vec<u8>, Vec<OwnedFd>);
 pub fn recv_raw(sock: BorrowedFd<'_>) -> Result<Option<Datagram>, PoolError> {
     // The datagram's length first (MSG_TRUNC), so that the buffer is its size: most messages
     // are a few hundred bytes, and a zeroed MAX_MESSAGE each time cost ~0.3 ms.
+    let failed = |errno| PoolError::Io {
+        what: "reading the pool's socket",
+        errno,
+    };
     let peek = MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC;
     let len = loop {
         match nix::sys::socket::recv(sock.as_raw_fd(), &mut [], peek) {
             Ok(n) => break n,
             Err(Errno::EINTR) => continue,
             Err(Errno::ECONNRESET) => return Ok(None),
-            Err(e) => {
-                return Err(PoolError::Io {
-                    what: "reading the pool's socket",
-                    errno: e,
-                })
-            }
+            Err(e) => return Err(failed(e)),
         }
     };
     let mut buf = vec![0u8; len.clamp(1, MAX_MESSAGE)];
@@ -102,12 +101,7 @@ pub fn recv_raw(sock: BorrowedFd<'_>) -> Result<Option<Datagram>, PoolError> {
             }
             Err(Errno::EINTR) => continue,
             Err(Errno::ECONNRESET) => return Ok(None),
-            Err(e) => {
-                return Err(PoolError::Io {
-                    what: "reading the pool's socket",
-                    errno: e,
-                })
-            }
+            Err(e) => return Err(failed(e)),
         }
     }
 }
