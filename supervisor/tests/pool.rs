@@ -385,12 +385,7 @@ fn a_socket_activated_pool_serves_on_the_socket_it_is_given() {
         start_of(&o)
     );
     assert!(start_of(&o).contains("warm start"), "{}", start_of(&o));
-    let status = Command::new(BIN)
-        .args(["pool", "--status"])
-        .env("SIGMA_POOL_DIR", dir.path())
-        .output()
-        .unwrap();
-    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    let status = status_of(dir.path());
     let zygote = status
         .lines()
         .find_map(|l| l.strip_prefix("zygote pid "))
